@@ -1,0 +1,50 @@
+"""The attack contract: a server view and the attacker's declared knowledge in, a reconstruction out.
+
+An attack never sees ground truth. `blocked` returns the reason when the view or the
+knowledge cannot meet the attack's needs; the cell is then recorded as "blocked by
+design", neither a number nor an error.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.configurable import Configurable
+from bench.view import Knowledge, ServerView
+
+
+@dataclass
+class Reconstruction:
+    label_counts: np.ndarray | None = None   # length num_classes, recovered count per class
+    labels: list[int] | None = None          # recovered label multiset (per sample where known)
+    images: torch.Tensor | None = None       # (B, C, H, W) in [0, 1]
+    texts: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Attack(Configurable, ABC):
+    """Subclasses set `name`, implement `blocked` and `run`."""
+
+    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
+        return None
+
+    @abstractmethod
+    def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
+        """Reconstruct what the view reveals; only visible entries may be used."""
+
+
+def head_blocked(view: ServerView, knowledge: Knowledge, need_bias: bool = True) -> str | None:
+    """Shared need of label attacks: a classification task and a visible classifier head."""
+    if knowledge.task != "classification":
+        return f"needs a classification task, this scenario is {knowledge.task}"
+    weight, bias = knowledge.head
+    if need_bias and bias is None:
+        return "needs a final linear layer with bias"
+    names = [weight] + ([bias] if need_bias else [])
+    if all(not view.visible[n].any() for n in names):
+        return "the classifier head is entirely hidden from the server"
+    return None

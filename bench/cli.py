@@ -1,0 +1,92 @@
+"""Command line: `leakbench list KIND`, `leakbench run SUITE`, `leakbench leaderboard`.
+
+Bad input (suite, data, store) ends with one line on stderr naming the fault and the fix,
+and exit status 2; a run whose cells failed exits 1 after every result is stored.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.registry import KINDS, UnknownName
+
+DEFAULT_OUT = "out"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="leakbench", description="Privacy attacks vs. defenses in federated learning.")
+    sub = p.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("list", help="list registered things, one line each")
+    ls.add_argument("kind", choices=sorted(KINDS))
+    run = sub.add_parser("run", help="run a suite (built-in name or TOML path) and write the leaderboard")
+    run.add_argument("suite")
+    run.add_argument("--out", default=DEFAULT_OUT, help="output directory (store, results, leaderboard)")
+    run.add_argument("--data-root", default=None, help="data root (default: $LEAKBENCH_DATA; digits needs none)")
+    run.add_argument("--workers", type=int, default=1, help="parallel processes, one federated run each")
+    lb = sub.add_parser("leaderboard", help="render the leaderboard from the store in --out")
+    lb.add_argument("--out", default=DEFAULT_OUT)
+    return p
+
+
+def _list(kind: str) -> int:
+    for entry in KINDS[kind].entries():
+        print(f"{entry.name:24s} {entry.description}")
+    return 0
+
+
+def _run(args) -> int:
+    from tqdm import tqdm
+
+    from bench.runner import run_suite
+    from bench.spec import load_suite
+    from bench.store import Store
+    from leaderboards.render import write_outputs
+
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    suite = load_suite(args.suite)
+    summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm)
+    store = Store(Path(args.out) / "leakbench.sqlite")
+    page = write_outputs(store, args.out)
+    store.close()
+    print(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.failed} failed, "
+          f"{summary.skipped} already done; leaderboard: {page}")
+    if summary.failed:
+        print(f"leakbench: {summary.failed} cell(s) failed; their reasons are in {Path(args.out) / 'results.json'}",
+              file=sys.stderr)
+    return summary.exit_code
+
+
+def _leaderboard(args) -> int:
+    from bench.store import Store
+    from leaderboards.render import write_outputs
+
+    path = Path(args.out) / "leakbench.sqlite"
+    if not path.exists():
+        raise FileNotFoundError(f"no results store at {path}; run `leakbench run SUITE --out {args.out}` first")
+    store = Store(path)
+    print(f"leaderboard: {write_outputs(store, args.out)}")
+    store.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from bench.datasets import DataError
+    from bench.spec import SpecError
+    from bench.store import StoreError
+
+    try:
+        if args.command == "list":
+            return _list(args.kind)
+        if args.command == "run":
+            return _run(args)
+        return _leaderboard(args)
+    except (SpecError, StoreError, DataError, UnknownName, FileNotFoundError, ValueError) as err:
+        print(f"leakbench: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

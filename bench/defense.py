@@ -1,0 +1,155 @@
+"""The defense contract: hooks the federation engine calls, with no defense-specific branches.
+
+setup (keys, negotiation) -> round_start (per-round negotiation) -> encode (client:
+update -> payload) -> aggregate (aggregation server, public material only) -> decode
+(whoever holds the key) -> merge (client; personalized parts stay local).
+
+Party separation is explicit: key material lives in the `keys` of the party that holds
+it, and each hook receives only the party it runs at. The base class implements the
+generic wire arithmetic: weighted plaintext sums, ciphertext sums of client-pre-weighted
+values, decryption and unpacking into a dense update.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from bench.configurable import Configurable
+from bench.wire import CipherPart, Payload, PlainPart, Upload, dense_payload
+
+KEY_TOPOLOGIES = {
+    "none": "nobody needs to: the upload is plaintext",
+    "shared-client-key": "any one client colluding with the aggregation server",
+    "key-server": "the key server colluding with the aggregation server",
+}
+
+
+@dataclass
+class Party:
+    """One protocol participant and what it holds."""
+
+    name: str
+    keys: dict[str, Any] = field(default_factory=dict)     # scheme -> KeyMaterial
+    state: dict[str, Any] = field(default_factory=dict)    # defense state living at this party
+
+    def holds_secret(self) -> bool:
+        return any(getattr(k, "secret", None) is not None for k in self.keys.values())
+
+
+class Defense(Configurable):
+    """Base defense: plaintext FedAvg wire arithmetic; subclasses override hooks."""
+
+    key_topology: ClassVar[str] = "none"
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def setup(self, fed) -> None:
+        """Keys and one-off negotiation; send messages with fed.send(round=-1, ...)."""
+
+    def round_start(self, fed, round: int, clients: list) -> None:
+        """Per-round negotiation before uploads (e.g. mask proposals)."""
+
+    def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
+        return dense_payload(update)
+
+    def aggregate(self, fed, uploads: list[Upload], server: Party) -> Payload:
+        return Payload(plain=sum_plain(uploads), cipher=sum_cipher(fed, uploads, server))
+
+    def decoder(self, fed) -> Party:
+        """The party that turns the aggregate into a plaintext update."""
+        return fed.parties["key-server"] if self.key_topology == "key-server" else fed.clients[0].party
+
+    def decode(self, fed, aggregate: Payload, party: Party) -> dict[str, torch.Tensor]:
+        return unpack(aggregate, fed.shapes, party, fed)
+
+    def merge(self, fed, client, global_update: dict[str, torch.Tensor]) -> None:
+        """Client-side use of the new global update (personalized defenses override)."""
+
+    def run_metrics(self, fed) -> dict[str, Any]:
+        """Measured, defense-specific metrics of the run (fractions, epsilon, ...)."""
+        return {}
+
+
+# ----------------------------------------------------------------------- wire arithmetic
+
+def sum_plain(uploads: list[Upload]) -> dict[str, PlainPart]:
+    """Weighted sum of plaintext parts; all uploads must share one layout."""
+    out: dict[str, PlainPart] = {}
+    first = uploads[0].payload.plain
+    for name, part in first.items():
+        acc = np.zeros(part.values().shape, dtype=np.float64)
+        for up in uploads:
+            other = up.payload.plain.get(name)
+            if other is None or other.values().shape != acc.shape:
+                raise ValueError(f"aggregation server: {up.sender}'s plaintext layout of '{name}' differs from "
+                                 f"{uploads[0].sender}'s; clients must agree on one mask")
+            acc += up.weight * other.values().astype(np.float64)
+        out[name] = PlainPart(acc.astype("<f4").tobytes(), part.shape, part.mask)
+    return out
+
+
+def sum_cipher(fed, uploads: list[Upload], server: Party) -> tuple[CipherPart, ...]:
+    """Add client-pre-weighted ciphertexts part by part with the server's public material."""
+    if not uploads[0].payload.cipher:
+        return ()
+    from bench.crypto import open_aggregator
+
+    parts = []
+    for i, head in enumerate(uploads[0].payload.cipher):
+        adder = open_aggregator(server.keys[head.scheme], server.name)
+        blobs = []
+        for up in uploads:
+            if len(up.payload.cipher) <= i or up.payload.cipher[i].length != head.length:
+                raise ValueError(f"aggregation server: {up.sender}'s ciphertext layout differs from "
+                                 f"{uploads[0].sender}'s")
+            blobs.append(list(up.payload.cipher[i].blobs))
+        with fed.meter.time("he_aggregate_s"):
+            summed = adder.add(blobs, [up.sender for up in uploads])
+        parts.append(CipherPart(head.scheme, tuple(summed), head.layout, head.length))
+    return tuple(parts)
+
+
+def pack(update: dict[str, torch.Tensor], masks: dict[str, np.ndarray]) -> tuple[np.ndarray, tuple]:
+    """Flatten the masked entries of several parameters into one vector, in dict order."""
+    layout, chunks = [], []
+    for name, mask in masks.items():
+        mask = np.asarray(mask, bool).reshape(-1)
+        if not mask.any():
+            continue
+        flat = update[name].detach().reshape(-1).cpu().double().numpy()
+        if mask.size != flat.size:
+            raise ValueError(f"mask for '{name}' has {mask.size} entries, the parameter has {flat.size}")
+        layout.append((name, mask))
+        chunks.append(flat[mask])
+    vector = np.concatenate(chunks) if chunks else np.zeros(0)
+    return vector, tuple(layout)
+
+
+def encrypt_part(fed, client, scheme: str, vector: np.ndarray, layout: tuple) -> CipherPart:
+    """Client-side encryption of a packed vector with the client's public material, timed."""
+    from bench.crypto import open_encryptor
+
+    enc = open_encryptor(client.party.keys[scheme], client.party.name)
+    with fed.meter.time("he_encrypt_s"):
+        blobs = enc.encrypt(vector)
+    return CipherPart(scheme, tuple(blobs), layout, int(vector.size))
+
+
+def unpack(aggregate: Payload, shapes: dict[str, tuple[int, ...]], party: Party, fed) -> dict[str, torch.Tensor]:
+    """Dense aggregated update from plaintext parts plus decrypted ciphertext parts."""
+    flat = {n: np.zeros(int(np.prod(s)) if s else 1) for n, s in shapes.items()}
+    for name, part in aggregate.plain.items():
+        flat[name][part.visible()] += part.values()
+    for part in aggregate.cipher:
+        from bench.crypto import open_decryptor
+        dec = open_decryptor(party.keys[part.scheme], party.name)
+        with fed.meter.time("he_decrypt_s"):
+            values = dec.decrypt(list(part.blobs), part.length)
+        offset = 0
+        for name, mask in part.layout:
+            count = int(mask.sum())
+            flat[name][mask] += values[offset:offset + count]
+            offset += count
+    return {n: torch.from_numpy(v.astype(np.float32)).reshape(shapes[n]) for n, v in flat.items()}

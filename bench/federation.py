@@ -1,0 +1,270 @@
+"""The federation engine: clients, local training, rounds, sampling, FedAvg through a defense.
+
+The engine knows no defense by name. Each round: sample clients, let the defense
+negotiate, train locally, encode uploads, aggregate at the server, decode, apply. In the
+attack round the attacked client's upload (one FedSGD step on a batch, or a local-
+training delta) is also kept as an attack target together with its ground truth; with
+attack_repeats > 1 the same client encodes further batches under the same defense state
+(counterfactual uploads: only the first one is aggregated).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from bench.costs import CostMeter
+from bench.defense import Defense, Party
+from bench.models import build_model, classifier_head, update_names
+from bench.partition import partition
+from bench.spec import Scenario
+from bench.tasks import TASKS
+from bench.view import Knowledge, ServerView
+from bench.wire import Payload, Traffic, Upload
+
+
+@dataclass
+class Client:
+    index: int
+    x: torch.Tensor
+    y: torch.Tensor
+    party: Party
+    local: dict[str, torch.Tensor] = field(default_factory=dict)  # personalized entries kept off the wire
+
+    @property
+    def name(self) -> str:
+        return self.party.name
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class Truth:
+    """Ground truth of one attacked upload; never handed to an attack."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    update: dict[str, torch.Tensor]
+
+
+@dataclass
+class Target:
+    view: ServerView
+    truth: Truth
+    knowledge: Knowledge
+
+
+@dataclass
+class Federation:
+    """Everything a defense hook may use; hooks receive the party they run at separately."""
+
+    scenario: Scenario
+    data: Any
+    task: Any
+    model: torch.nn.Module
+    names: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    clients: list[Client]
+    parties: dict[str, Party]
+    traffic: Traffic
+    meter: CostMeter
+    rng: np.random.Generator
+    new_model: Callable[[], torch.nn.Module]
+    round: int = -1
+    cipher_sizes: list[int] = field(default_factory=list)
+
+    def send(self, sender: str, receiver: str, what: str, message: Payload | bytes | int) -> None:
+        size = message.nbytes if isinstance(message, Payload) else len(message) if isinstance(message, bytes) \
+            else int(message)
+        self.traffic.log(self.round, sender, receiver, what, size)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        state = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        return {n: state[n].detach().clone() for n in self.names}
+
+    def gradient(self, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """Gradient of the task loss on (x, y) at the given (default: global) model."""
+        model = model or self.model
+        model.zero_grad()
+        self.task.loss(model, x, y).backward()
+        params = dict(model.named_parameters())
+        return {n: params[n].grad.detach().clone() if n in params and params[n].grad is not None
+                else torch.zeros(self.shapes[n]) for n in self.names}
+
+
+@dataclass
+class FederationRun:
+    targets: list[Target]
+    knowledge: Knowledge
+    metrics: dict[str, Any]
+    details: dict[str, Any]
+
+
+def _set_entries(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in values.items():
+            state[name].copy_(value)
+
+
+def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tensor, mode: str,
+                 generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Client update as a delta: one FedSGD step (-lr * grad) or local SGD epochs."""
+    sc = fed.scenario
+    model = fed.new_model()
+    start = fed.params()
+    _set_entries(model, start | client.local)
+    model.train()
+    if mode == "gradient":
+        before = {n: b.detach().clone() for n, b in model.named_buffers() if n in fed.shapes}
+        grads = fed.gradient(x, y, model)
+        after = dict(model.named_buffers())
+        return {n: (after[n].detach() - before[n]) if n in before else -sc.lr * grads[n] for n in fed.names}
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
+    for _ in range(sc.local_epochs):
+        order = torch.randperm(len(y), generator=generator)
+        for batch in order.split(sc.batch_size):
+            opt.zero_grad()
+            fed.task.loss(model, x[batch], y[batch]).backward()
+            opt.step()
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    return {n: state[n].detach() - start[n] for n in fed.names}
+
+
+def build_federation(scenario: Scenario, data) -> Federation:
+    torch.manual_seed(scenario.seed)
+    task = TASKS[data.task](data)
+
+    def new_model() -> torch.nn.Module:
+        return build_model(scenario.model, data, **scenario.model_params)
+
+    model = new_model()
+    names = update_names(model)
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    shapes = {n: tuple(state[n].shape) for n in names}
+    parts = partition(data.train_y, scenario.num_clients, scenario.partition, alpha=scenario.alpha,
+                      classes_per_client=scenario.classes_per_client, seed=scenario.seed)
+    clients = [Client(i, data.train_x[idx], data.train_y[idx], Party(f"client-{i}")) for i, idx in enumerate(parts)]
+    parties = {"server": Party("server"), "key-server": Party("key-server")} | {c.name: c.party for c in clients}
+    return Federation(scenario, data, task, model, names, shapes, clients, parties, Traffic(), CostMeter(),
+                      np.random.default_rng(scenario.seed), new_model)
+
+
+def _sample(fed: Federation, round: int) -> list[Client]:
+    sc = fed.scenario
+    chosen = list(fed.rng.choice(sc.num_clients, size=sc.clients_per_round, replace=False))
+    if round == sc.attack_round and sc.attack_client not in chosen:
+        chosen[-1] = sc.attack_client
+    return [fed.clients[i] for i in sorted(chosen)]
+
+
+def _knowledge(fed: Federation, known: dict[str, torch.Tensor]) -> Knowledge:
+    sc = fed.scenario
+    params = fed.params()
+    steps = 1 if sc.attack_update == "gradient" else sc.local_epochs * -(-sc.attack_batch_size // sc.batch_size)
+    head = classifier_head(fed.model) if fed.data.task == "classification" else ("", None)
+    return Knowledge(task=fed.data.task, model_name=sc.model, model_params=dict(sc.model_params),
+                     global_params={n: torch.where(known[n], params[n], torch.nan) for n in fed.names},
+                     num_classes=fed.data.num_classes, input_shape=tuple(fed.data.input_shape),
+                     batch_size=sc.attack_batch_size, lr=sc.lr, update_kind=sc.attack_update, local_steps=steps,
+                     head=head, vocab_size=fed.data.vocab_size, tokenizer=fed.data.tokenizer,
+                     build_model=fed.new_model)
+
+
+def run_federation(scenario: Scenario, data, defense: Defense, progress: Callable[[str], None] | None = None,
+                   fed: Federation | None = None) -> FederationRun:
+    start = time.perf_counter()
+    fed = fed or build_federation(scenario, data)
+    fed.round = -1
+    defense.setup(fed)
+    known = {n: torch.ones(s, dtype=torch.bool) for n, s in fed.shapes.items()}
+    targets: list[Target] = []
+    knowledge = None
+    for r in range(scenario.rounds):
+        fed.round = r
+        sampled = _sample(fed, r)
+        total = sum(c.num_samples for c in sampled)
+        defense.round_start(fed, r, sampled)
+        uploads = []
+        for client in sampled:
+            weight = client.num_samples / total
+            gen = torch.Generator().manual_seed(scenario.seed * 100_003 + r * 1_009 + client.index)
+            attacked = r == scenario.attack_round and client.index == scenario.attack_client
+            if attacked:
+                knowledge = _knowledge(fed, known)
+            for rep in range(scenario.attack_repeats if attacked else 1):
+                if attacked:
+                    idx = torch.randperm(client.num_samples, generator=gen)[:scenario.attack_batch_size]
+                    x, y, mode = client.x[idx], client.y[idx], scenario.attack_update
+                else:
+                    x, y, mode = client.x, client.y, "delta"
+                update = local_update(fed, client, x, y, mode, gen)
+                upload = Upload(client.name, r, weight, defense.encode(fed, client, update, weight))
+                if attacked:
+                    told = y.tolist() if scenario.labels_known else None
+                    targets.append(Target(ServerView.of(upload, fed.shapes), Truth(x, y, update),
+                                          replace(knowledge, labels=told)))
+                if rep == 0:
+                    fed.send(client.name, "server", "upload", upload.payload)
+                    fed.cipher_sizes.append(upload.payload.cipher_bytes)
+                    uploads.append(upload)
+        aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
+        decoder = defense.decoder(fed)
+        if decoder.name == "key-server":
+            fed.send("server", "key-server", "aggregate", aggregate)
+        update = defense.decode(fed, aggregate, decoder)
+        _broadcast(fed, sampled, aggregate, update, decoder)
+        learned = _server_learns(aggregate, decoder, fed.shapes)
+        with torch.no_grad():
+            new = {n: fed.params()[n] + update[n] for n in fed.names}
+        _set_entries(fed.model, new)
+        for n in fed.names:
+            known[n] &= learned[n]
+        for client in sampled:
+            defense.merge(fed, client, update)
+        if progress:
+            progress(f"round {r + 1}/{scenario.rounds}")
+    measured = _run_metrics(fed, defense, time.perf_counter() - start)
+    metrics = {k: v for k, v in measured.items() if not isinstance(v, dict)}
+    details = {k: v for k, v in measured.items() if isinstance(v, dict)}
+    return FederationRun(targets, knowledge, metrics, details)
+
+
+def _broadcast(fed: Federation, sampled: list[Client], aggregate: Payload, update, decoder: Party) -> None:
+    """Downstream bytes: the aggregate itself, or the key server's plaintext result."""
+    if decoder.name == "key-server" or not aggregate.cipher:
+        plain = sum(t.numel() * 4 for t in update.values())
+        if decoder.name == "key-server":
+            fed.send("key-server", "server", "decrypted aggregate", plain)
+        for c in sampled:
+            fed.send("server", c.name, "global update", plain if aggregate.cipher else aggregate.nbytes)
+    else:
+        for c in sampled:
+            fed.send("server", c.name, "encrypted global update", aggregate)
+
+
+def _server_learns(aggregate: Payload, decoder: Party, shapes) -> dict[str, torch.Tensor]:
+    """Entries of the new global model the aggregation server knows in plaintext."""
+    if decoder.name == "key-server" or not aggregate.cipher:
+        return {n: torch.ones(s, dtype=torch.bool) for n, s in shapes.items()}
+    learned = {n: torch.zeros(s, dtype=torch.bool) for n, s in shapes.items()}
+    for name, part in aggregate.plain.items():
+        learned[name] = torch.from_numpy(part.visible().copy()).reshape(shapes[name])
+    return learned
+
+
+def _run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any]:
+    data = fed.data
+    metrics: dict[str, Any] = dict(fed.task.evaluate(fed.model, data.test_x, data.test_y))
+    metrics.update(upload_bytes=fed.traffic.per_client("up"), download_bytes=fed.traffic.per_client("down"),
+                   setup_bytes=fed.traffic.setup_bytes(), wall_s=wall,
+                   ciphertext_bytes=float(np.mean(fed.cipher_sizes)) if fed.cipher_sizes else 0.0,
+                   he_encrypt_s=fed.meter.mean("he_encrypt_s"), he_aggregate_s=fed.meter.mean("he_aggregate_s"),
+                   he_decrypt_s=fed.meter.mean("he_decrypt_s"), key_topology=defense.key_topology)
+    metrics.update(defense.run_metrics(fed))
+    return metrics

@@ -1,0 +1,184 @@
+"""One runner for the CLI and the pytest plugin.
+
+Cells sharing a scenario and a defense share one federated run (the attacks replay
+against the recorded uploads). Each finished cell is written to the store at once. A
+failing cell is recorded with its one-line reason and does not stop the others; the
+run's exit status reports it. Groups are independent, so the executor is a seam: in
+process by default, a process pool with --workers N.
+"""
+from __future__ import annotations
+
+import os
+import platform
+
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from bench.registry import ATTACKS, DEFENSES, METRICS
+from bench.spec import Cell, Suite
+from bench.store import Store
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    ok: int
+    blocked: int
+    failed: int
+    skipped: int
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+
+def environment() -> dict[str, Any]:
+    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+            "cpus": os.cpu_count()}
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict | None = None) -> dict[str, Any]:
+    defense_cls = DEFENSES.get(cell.defense.name)
+    from bench.defense import KEY_TOPOLOGIES
+    details = dict(details or {})
+    details.setdefault("key_topology", defense_cls.key_topology)
+    details.setdefault("decrypts_single_upload", KEY_TOPOLOGIES[defense_cls.key_topology])
+    return {"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
+            "defense": cell.defense.name, "defense_params": cell.defense.params, "attack": cell.attack.name,
+            "attack_params": cell.attack.params, "status": status, "reason": reason, "metrics": metrics,
+            "details": details, "config": cell.config(), "environment": environment()}
+
+
+def score_cell(cell: Cell, run) -> dict[str, Any]:
+    """Run the cell's attack on every attacked upload of the run and compute every applicable metric."""
+    attack = ATTACKS.get(cell.attack.name)(**cell.attack.params)
+    reason = attack.blocked(run.targets[0].view, run.targets[0].knowledge)
+    run_values = dict(run.metrics)
+    if reason is not None:
+        return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), run.details)
+    from metrics.schema import Evidence
+    per_target: dict[str, list] = {}
+    attack_time = 0.0
+    for i, target in enumerate(run.targets):
+        start = time.perf_counter()
+        rec = attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i)
+        attack_time += time.perf_counter() - start
+        for m in METRICS.entries():
+            if m.obj.per_target:
+                value = m.obj.compute(Evidence(rec, target.truth, target.view, target.knowledge, run_values))
+                if value is not None:
+                    per_target.setdefault(m.name, []).append(value)
+    run_values["attack_s"] = attack_time / len(run.targets)
+    metrics = _run_metrics(run_values)
+    for name, values in per_target.items():
+        unavailable = [v for v in values if isinstance(v, str)]
+        metrics[name] = unavailable[0] if unavailable else float(np.mean(values))
+    details = dict(run.details)
+    details["per_target"] = {k: v for k, v in per_target.items()}
+    return _record(cell, "ok", "", metrics, details)
+
+
+def _run_metrics(run_values: dict[str, Any]) -> dict[str, Any]:
+    from metrics.schema import Evidence
+    out = {}
+    for m in METRICS.entries():
+        if not m.obj.per_target:
+            value = m.obj.compute(Evidence(run=run_values))
+            if value is not None:
+                out[m.name] = value
+    return out
+
+
+def federate(cell: Cell, data_root: str | None):
+    """The federated run shared by every cell of the cell's group."""
+    from bench.datasets import load_dataset, resolve_data_root
+    from bench.federation import run_federation
+
+    sc = cell.scenario
+    data = load_dataset(sc.dataset, resolve_data_root(data_root), max_train=sc.max_train, max_test=sc.max_test,
+                        seed=sc.seed, seq_len=sc.seq_len)
+    return run_federation(sc, data, DEFENSES.get(cell.defense.name)(**cell.defense.params))
+
+
+def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
+    """Record of a cell that raised: the one-line reason, and the run's metrics when the run itself finished."""
+    if os.environ.get("LEAKBENCH_TRACEBACK"):
+        traceback.print_exception(err)
+    return _record(cell, "failed", one_line(err), _run_metrics(dict(run.metrics)) if run else {})
+
+
+def run_group(cells: list[Cell], data_root: str | None) -> Iterator[dict[str, Any]]:
+    """Federate once for the group's scenario and defense, then score each attack cell."""
+    try:
+        run = federate(cells[0], data_root)
+    except Exception as err:  # recorded per cell and reported by the exit status, never hidden
+        for cell in cells:
+            yield failed(cell, err)
+        return
+    for cell in cells:
+        try:
+            yield score_cell(cell, run)
+        except Exception as err:
+            yield failed(cell, err, run)
+
+
+def _group(cells: list[Cell]) -> list[list[Cell]]:
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.group_key, []).append(cell)
+    return list(groups.values())
+
+
+def _run_group_into(cells: list[Cell], data_root: str | None, store_path: str) -> list[str]:
+    """Process-pool worker: writes each finished cell itself, returns statuses."""
+    store = Store(store_path)
+    statuses = []
+    for record in run_group(cells, data_root):
+        store.put(record)
+        statuses.append(record["status"])
+    store.close()
+    return statuses
+
+
+def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, workers: int = 1,
+              progress: Callable[..., Any] | None = None) -> RunSummary:
+    out = Path(out_dir)
+    store = Store(out / "leakbench.sqlite")
+    store.add_membership(suite.name, [c.cell_id for c in suite.cells])
+    todo = [c for c in suite.cells if not store.finished(c.cell_id)]
+    counts = {"ok": 0, "blocked": 0, "failed": 0}
+    bar = progress(total=len(todo), desc=f"suite {suite.name}", unit="cell") if progress else None
+    groups = _group(todo)
+    if workers <= 1:
+        for cells in groups:
+            for record in run_group(cells, data_root):
+                store.put(record)
+                counts[record["status"]] += 1
+                if bar:
+                    bar.update(1)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(_run_group_into, cells, data_root, str(store.path)) for cells in groups]
+            for fut in as_completed(futures):
+                for status in fut.result():
+                    counts[status] += 1
+                    if bar:
+                        bar.update(1)
+    if bar:
+        bar.close()
+    store.close()
+    return RunSummary(counts["ok"], counts["blocked"], counts["failed"], len(suite.cells) - len(todo))
+
+
+__all__ = ["run_suite", "run_group", "score_cell", "RunSummary"]

@@ -1,0 +1,109 @@
+"""Results store: one SQLite row per finished cell, each committed in its own transaction.
+
+A killed run loses no finished cell and a rerun skips them (failed cells are retried).
+A file that is not a readable store is reported, never silently replaced.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA_VERSION = "1"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS cells (
+    cell_id TEXT PRIMARY KEY, scenario TEXT NOT NULL, defense TEXT NOT NULL, defense_params TEXT NOT NULL,
+    attack TEXT NOT NULL, attack_params TEXT NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL,
+    metrics TEXT NOT NULL, details TEXT NOT NULL, config TEXT NOT NULL, environment TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS membership (
+    suite TEXT NOT NULL, cell_id TEXT NOT NULL, position INTEGER NOT NULL, PRIMARY KEY (suite, cell_id));
+"""
+FINISHED = ("ok", "blocked")
+
+
+class StoreError(RuntimeError):
+    """The store file cannot be used; the message says why and what to do."""
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            version = self._check()
+            if version is None:
+                self._db.executescript(_SCHEMA)
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"results store '{self.path}' is corrupted or not a LeakBench store ({err}); "
+                             "move it aside or pass another --out (it was left untouched)") from None
+
+    def _check(self) -> str | None:
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            return None
+        if "cells" not in tables or "meta" not in tables:
+            raise sqlite3.DatabaseError("it has no LeakBench tables")
+        ok = self._db.execute("PRAGMA quick_check").fetchone()[0]
+        if ok != "ok":
+            raise sqlite3.DatabaseError(f"integrity check: {ok}")
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None or row[0] != SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"schema version {row and row[0]} != {SCHEMA_VERSION}")
+        return row[0]
+
+    def close(self) -> None:
+        self._db.close()
+
+    def add_membership(self, suite: str, cell_ids: Iterable[str]) -> None:
+        with self._tx():
+            for pos, cid in enumerate(cell_ids):
+                self._db.execute("INSERT OR REPLACE INTO membership VALUES (?, ?, ?)", (suite, cid, pos))
+
+    def finished(self, cell_id: str) -> bool:
+        row = self._db.execute("SELECT status FROM cells WHERE cell_id=?", (cell_id,)).fetchone()
+        return row is not None and row[0] in FINISHED
+
+    def put(self, record: dict[str, Any]) -> None:
+        """Write one cell in its own transaction."""
+        cols = ("cell_id", "scenario", "defense", "defense_params", "attack", "attack_params", "status", "reason",
+                "metrics", "details", "config", "environment")
+        values = [record[c] if isinstance(record[c], str) else json.dumps(record[c], sort_keys=True, default=str)
+                  for c in cols]
+        with self._tx():
+            self._db.execute(f"INSERT OR REPLACE INTO cells ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                             values)
+
+    def records(self, suite: str | None = None) -> list[dict[str, Any]]:
+        """Stored cells (of one suite, or all with their suites), in a deterministic order."""
+        query = ("SELECT m.suite, c.* FROM membership m JOIN cells c USING (cell_id)"
+                 + (" WHERE m.suite=?" if suite else "") + " ORDER BY m.suite, m.position, c.cell_id")
+        cur = self._db.execute(query, (suite,) if suite else ())
+        names = [d[0] for d in cur.description]
+        out = []
+        for row in cur.fetchall():
+            rec = dict(zip(names, row))
+            for key in ("defense_params", "attack_params", "metrics", "details", "config", "environment"):
+                rec[key] = json.loads(rec[key])
+            out.append(rec)
+        return out
+
+    def suites(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT DISTINCT suite FROM membership ORDER BY suite")]
+
+    def _tx(self):
+        db = self._db
+
+        class _Tx:
+            def __enter__(self):
+                db.execute("BEGIN IMMEDIATE")
+
+            def __exit__(self, exc_type, exc, tb):
+                db.execute("ROLLBACK" if exc_type else "COMMIT")
+                return False
+
+        return _Tx()

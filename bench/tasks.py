@@ -1,0 +1,61 @@
+"""Learning tasks: how a model's loss and utility are computed for a kind of data.
+
+Keeps bench/ free of image assumptions: the engine only calls task.loss and task.evaluate.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+class ClassificationTask:
+    name = "classification"
+
+    def __init__(self, data) -> None:
+        self.num_classes = data.num_classes
+
+    def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x), y)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        model.eval()
+        correct = sum(int((model(xb).argmax(1) == yb).sum()) for xb, yb in zip(x.split(512), y.split(512)))
+        model.train()
+        return {"accuracy": correct / max(len(y), 1)}
+
+
+class CausalLMTask:
+    """Next-token prediction; padding positions are ignored in the loss."""
+
+    name = "causal-lm"
+
+    def __init__(self, data) -> None:
+        self.pad_id = data.pad_id
+
+    def _token_losses(self, model, x):
+        logits = model(x)[:, :-1]
+        target = x[:, 1:].clone()
+        target[target == self.pad_id] = -100
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
+                               reduction="sum"), int((target != -100).sum())
+
+    def loss(self, model, x, y=None):
+        total, count = self._token_losses(model, x)
+        return total / max(count, 1)
+
+    @torch.no_grad()
+    def evaluate(self, model, x, y=None) -> dict[str, float]:
+        model.eval()
+        total, count = 0.0, 0
+        for xb in x.split(64):
+            t, c = self._token_losses(model, xb)
+            total, count = total + float(t), count + c
+        model.train()
+        loss = total / max(count, 1)
+        return {"lm_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+
+TASKS = {ClassificationTask.name: ClassificationTask, CausalLMTask.name: CausalLMTask}

@@ -1,0 +1,131 @@
+"""What really travels between parties, with its real size.
+
+A Payload carries plaintext entries as float32 bytes, ciphertexts as serialized bytes
+and public metadata as bytes; `nbytes` is len() of all of it, never a formula. The
+layout masks say which entries of which parameter a part holds; they are protocol
+knowledge the receiver needs to add the parts up (a defense whose layout changes per
+upload must also send it in `meta`, where it is counted).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+def flat_mask(mask: np.ndarray | torch.Tensor) -> np.ndarray:
+    m = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    return m.reshape(-1).astype(bool)
+
+
+@dataclass(frozen=True)
+class PlainPart:
+    """Visible entries of one parameter: float32 little-endian bytes in flat order."""
+
+    data: bytes
+    shape: tuple[int, ...]
+    mask: np.ndarray | None = None  # flat bool layout; None = every entry
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, mask: np.ndarray | None = None) -> "PlainPart":
+        flat = tensor.detach().cpu().reshape(-1).to(torch.float32).numpy()
+        if mask is not None:
+            mask = flat_mask(mask)
+            if mask.size != flat.size:
+                raise ValueError(f"mask has {mask.size} entries but the parameter has {flat.size}")
+            flat = flat[mask]
+        return cls(flat.astype("<f4").tobytes(), tuple(tensor.shape), mask)
+
+    def values(self) -> np.ndarray:
+        return np.frombuffer(self.data, dtype="<f4")
+
+    def dense(self, fill: float = 0.0) -> torch.Tensor:
+        """Full-shape tensor with the visible entries placed and `fill` elsewhere."""
+        size = int(np.prod(self.shape)) if self.shape else 1
+        out = np.full(size, fill, dtype=np.float32)
+        if self.mask is None:
+            out[:] = self.values()
+        else:
+            out[self.mask] = self.values()
+        return torch.from_numpy(out).reshape(self.shape)
+
+    def visible(self) -> np.ndarray:
+        size = int(np.prod(self.shape)) if self.shape else 1
+        return np.ones(size, bool) if self.mask is None else self.mask
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class CipherPart:
+    """Opaque ciphertexts packing the masked entries of several parameters, in layout order."""
+
+    scheme: str
+    blobs: tuple[bytes, ...]
+    layout: tuple[tuple[str, np.ndarray], ...]  # (parameter name, flat bool mask) in packing order
+    length: int                                  # number of packed values
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.blobs)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One message body: plaintext parts, ciphertext parts, public metadata."""
+
+    plain: dict[str, PlainPart] = field(default_factory=dict)
+    cipher: tuple[CipherPart, ...] = ()
+    meta: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def plain_bytes(self) -> int:
+        return sum(p.nbytes for p in self.plain.values())
+
+    @property
+    def cipher_bytes(self) -> int:
+        return sum(c.nbytes for c in self.cipher)
+
+    @property
+    def nbytes(self) -> int:
+        return self.plain_bytes + self.cipher_bytes + sum(len(v) for v in self.meta.values())
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A client's upload for one round; `weight` is its public FedAvg share."""
+
+    sender: str
+    round: int
+    weight: float
+    payload: Payload
+
+
+def dense_payload(update: dict[str, torch.Tensor]) -> Payload:
+    """Everything in plaintext: the reference wire format."""
+    return Payload(plain={name: PlainPart.of(t) for name, t in update.items()})
+
+
+class Traffic:
+    """Log of every message: (round, sender, receiver, what, bytes)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, str, str, str, int]] = []
+
+    def log(self, round: int, sender: str, receiver: str, what: str, nbytes: int) -> None:
+        self.records.append((round, sender, receiver, what, int(nbytes)))
+
+    def per_client(self, direction: str) -> float:
+        """Mean bytes one client sends (up) or receives (down) per round it takes part in."""
+        key = 1 if direction == "up" else 2
+        totals: dict[tuple[int, str], int] = {}
+        for rec in self.records:
+            if rec[0] >= 0 and rec[key].startswith("client-"):
+                totals[(rec[0], rec[key])] = totals.get((rec[0], rec[key]), 0) + rec[4]
+        return float(np.mean(list(totals.values()))) if totals else 0.0
+
+    def setup_bytes(self) -> int:
+        return sum(r[4] for r in self.records if r[0] < 0)

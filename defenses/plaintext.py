@@ -1,0 +1,10 @@
+"""Plaintext FedAvg: the reference row every defense is compared with; everything is visible."""
+from __future__ import annotations
+
+from bench.defense import Defense
+from bench.registry import DEFENSES
+
+
+@DEFENSES.register("plaintext", "plain FedAvg, no protection (reference row)")
+class Plaintext(Defense):
+    key_topology = "none"

@@ -1,0 +1,54 @@
+"""Label-recovery metrics, defined as the official iLRG code does.
+
+LeAcc and LnAcc are accuracies over all C classes (of the existence vector and of the
+rounded counts), so true negatives inflate them when B << C; IRec and the existence F1
+do not saturate that way and sit beside them on the leaderboard.
+"""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.metrics import accuracy_score, f1_score
+
+from metrics.schema import Evidence, metric
+
+
+def _counts(ev: Evidence) -> tuple[np.ndarray, np.ndarray] | None:
+    rec = ev.reconstruction
+    if rec is None or rec.label_counts is None or ev.truth is None:
+        return None
+    true = np.bincount(ev.truth.y.numpy(), minlength=len(rec.label_counts))
+    return np.asarray(rec.label_counts, dtype=np.int64), true
+
+
+@metric("label_acc", "", True, "privacy",
+        "recovered label multiset overlap / max(B, #recovered): 1 = every label recovered, nothing extra")
+def label_acc(ev: Evidence):
+    pair = _counts(ev)
+    if pair is None:
+        return None
+    rec, true = pair
+    return float(np.minimum(rec, true).sum() / max(true.sum(), rec.sum()))
+
+
+@metric("leacc", "", True, "privacy", "iLRG LeAcc: accuracy of the class-existence vector over all C classes")
+def leacc(ev: Evidence):
+    pair = _counts(ev)
+    return None if pair is None else float(accuracy_score(pair[1] > 0, pair[0] > 0))
+
+
+@metric("lnacc", "", True, "privacy", "iLRG LnAcc: accuracy of the rounded per-class counts over all C classes")
+def lnacc(ev: Evidence):
+    pair = _counts(ev)
+    return None if pair is None else float(accuracy_score(pair[1], pair[0]))
+
+
+@metric("irec", "", True, "privacy", "iLRG IRec: instances recovered, sum_c min(n_hat_c, n_c) / B")
+def irec(ev: Evidence):
+    pair = _counts(ev)
+    return None if pair is None else float(np.minimum(pair[0], pair[1]).sum() / pair[1].sum())
+
+
+@metric("label_f1", "", True, "privacy", "F1 of the recovered class-existence vector (no true-negative inflation)")
+def label_f1(ev: Evidence):
+    pair = _counts(ev)
+    return None if pair is None else float(f1_score(pair[1] > 0, pair[0] > 0, zero_division=0.0))

@@ -1,0 +1,25 @@
+"""Utility and cost metrics: values the federation measured from real outputs, read off the run record."""
+from __future__ import annotations
+
+from metrics.schema import metric, run_value
+
+_RUN = [
+    # name, unit, lower_is_better, kind, description, fmt, timing
+    ("accuracy", "", False, "utility", "test accuracy of the final global model", "{:.3f}", False),
+    ("lm_loss", "nats", True, "utility", "test next-token loss of the final global model", "{:.3f}", False),
+    ("perplexity", "", True, "utility", "test perplexity of the final global model", "{:.1f}", False),
+    ("upload_bytes", "B", True, "cost", "bytes one client sends per round (len of what is on the wire)", "{:,.0f}", False),
+    ("download_bytes", "B", True, "cost", "bytes one client receives per round", "{:,.0f}", False),
+    ("ciphertext_bytes", "B", True, "cost", "serialized ciphertext bytes per client upload", "{:,.0f}", False),
+    ("setup_bytes", "B", True, "cost", "bytes exchanged before the first round (keys, negotiation)", "{:,.0f}", False),
+    ("wall_s", "s", True, "cost", "wall time of the federated run", "{:.2f}", True),
+    ("he_encrypt_s", "s", True, "cost", "client encryption time per upload", "{:.4f}", True),
+    ("he_aggregate_s", "s", True, "cost", "server homomorphic aggregation time per round", "{:.4f}", True),
+    ("he_decrypt_s", "s", True, "cost", "decryption time per round", "{:.4f}", True),
+]
+
+for _name, _unit, _lower, _kind, _desc, _fmt, _timing in _RUN:
+    metric(_name, _unit, _lower, _kind, _desc, fmt=_fmt, per_target=False, timing=_timing)(run_value(_name))
+
+metric("attack_s", "s", None, "cost", "attack wall time per attacked upload", fmt="{:.2f}", per_target=False,
+       timing=True)(run_value("attack_s"))

@@ -1,0 +1,33 @@
+"""Image-reconstruction metrics: PSNR, SSIM, LPIPS after one-to-one Hungarian matching."""
+from __future__ import annotations
+
+from metrics.schema import Evidence, metric
+
+
+def _scores(ev: Evidence) -> dict | None:
+    rec = ev.reconstruction
+    if rec is None or rec.images is None or ev.truth is None:
+        return None
+    if "image_scores" not in rec.extra:  # one matching and one LPIPS pass serve all three metrics
+        from metrics.images import score_images
+        rec.extra["image_scores"] = score_images(rec.images, ev.truth.x)
+    return rec.extra["image_scores"]
+
+
+@metric("psnr", "dB", True, "privacy", "PSNR of the matched reconstruction (data range 1), mean over images",
+        fmt="{:.2f}")
+def psnr(ev: Evidence):
+    s = _scores(ev)
+    return None if s is None else s["psnr"]
+
+
+@metric("ssim", "", True, "privacy", "SSIM (scikit-image, Gaussian-free 7x7 window) of the matched reconstruction")
+def ssim(ev: Evidence):
+    s = _scores(ev)
+    return None if s is None else s["ssim"]
+
+
+@metric("lpips", "", False, "privacy", "LPIPS v0.1 AlexNet distance of the matched reconstruction (higher = less similar)")
+def lpips(ev: Evidence):
+    s = _scores(ev)
+    return None if s is None else s["lpips"]
