@@ -28,8 +28,8 @@ class Scenario:
     """Data, model, clients, training and the attack setting of one federated run."""
 
     name: str
-    dataset: str = "digits"
-    model: str = "lenet5-sigmoid"
+    dataset: str
+    model: str
     model_params: dict[str, Any] = field(default_factory=dict)
     num_clients: int = 4
     clients_per_round: int = 4
