@@ -21,7 +21,7 @@ def psnr(ev: Evidence):
     return None if s is None else s["psnr"]
 
 
-@metric("ssim", "", True, "privacy", "SSIM (scikit-image, Gaussian-free 7x7 window) of the matched reconstruction")
+@metric("ssim", "", True, "privacy", "SSIM (scikit-image, window min(7, H, W)) of the matched reconstruction, mean over images")
 def ssim(ev: Evidence):
     s = _scores(ev)
     return None if s is None else s["ssim"]
