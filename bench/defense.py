@@ -48,8 +48,11 @@ class Defense(Configurable):
     def setup(self, fed) -> None:
         """Keys and one-off negotiation; send messages with fed.send(round=-1, ...)."""
 
-    def round_start(self, fed, round: int, clients: list) -> None:
-        """Per-round negotiation before uploads (e.g. mask proposals)."""
+    def round_start(self, fed, round: int, clients: list, updates: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Per-round negotiation after local training, before uploads (e.g. mask proposals).
+
+        `updates` maps each sampled client's name to its trained update; only that client's
+        own code may read its entry (messages it derives go through fed.send)."""
 
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
         return dense_payload(update)
@@ -135,6 +138,20 @@ def encrypt_part(fed, client, scheme: str, vector: np.ndarray, layout: tuple) ->
     with fed.meter.time("he_encrypt_s"):
         blobs = enc.encrypt(vector)
     return CipherPart(scheme, tuple(blobs), layout, int(vector.size))
+
+
+def hybrid_payload(fed, client, update: dict[str, torch.Tensor], weight: float,
+                   encrypt: dict[str, np.ndarray], scheme: str = "ckks") -> Payload:
+    """Masked entries pre-weighted into one packed ciphertext vector, the rest in plaintext."""
+    plain = {}
+    for name, tensor in update.items():
+        mask = np.asarray(encrypt.get(name, np.zeros(tensor.numel(), bool)), bool).reshape(-1)
+        if not mask.all():
+            plain[name] = PlainPart.of(tensor, None if not mask.any() else ~mask)
+    weighted = {n: update[n] * weight for n in encrypt}
+    vector, layout = pack(weighted, encrypt)
+    cipher = (encrypt_part(fed, client, scheme, vector, layout),) if vector.size else ()
+    return Payload(plain=plain, cipher=cipher)
 
 
 def unpack(aggregate: Payload, shapes: dict[str, tuple[int, ...]], party: Party, fed) -> dict[str, torch.Tensor]:

@@ -77,6 +77,18 @@ class Federation:
     new_model: Callable[[], torch.nn.Module]
     round: int = -1
     cipher_sizes: list[int] = field(default_factory=list)
+    encrypted: dict[str, list[float]] = field(default_factory=dict)   # per-entry-name encrypted fractions
+
+    def observe(self, upload: Upload) -> None:
+        """Record what an aggregated upload really encrypted: sizes and per-parameter fractions."""
+        self.cipher_sizes.append(upload.payload.cipher_bytes)
+        counts = {n: 0 for n in self.names}
+        for part in upload.payload.cipher:
+            for name, mask in part.layout:
+                counts[name] += int(mask.sum())
+        for n in self.names:
+            total = int(np.prod(self.shapes[n])) if self.shapes[n] else 1
+            self.encrypted.setdefault(n, []).append(counts[n] / total)
 
     def send(self, sender: str, receiver: str, what: str, message: Payload | bytes | int) -> None:
         size = message.nbytes if isinstance(message, Payload) else len(message) if isinstance(message, bytes) \
@@ -189,21 +201,25 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         fed.round = r
         sampled = _sample(fed, r)
         total = sum(c.num_samples for c in sampled)
-        defense.round_start(fed, r, sampled)
-        uploads = []
+        trained: dict[str, list[tuple]] = {}
         for client in sampled:
-            weight = client.num_samples / total
             gen = torch.Generator().manual_seed(scenario.seed * 100_003 + r * 1_009 + client.index)
             attacked = r == scenario.attack_round and client.index == scenario.attack_client
             if attacked:
                 knowledge = _knowledge(fed, known)
-            for rep in range(scenario.attack_repeats if attacked else 1):
+            trained[client.name] = []
+            for _ in range(scenario.attack_repeats if attacked else 1):
                 if attacked:
                     idx = torch.randperm(client.num_samples, generator=gen)[:scenario.attack_batch_size]
                     x, y, mode = client.x[idx], client.y[idx], scenario.attack_update
                 else:
                     x, y, mode = client.x, client.y, "delta"
-                update = local_update(fed, client, x, y, mode, gen)
+                trained[client.name].append((x, y, local_update(fed, client, x, y, mode, gen), attacked))
+        defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
+        uploads = []
+        for client in sampled:
+            weight = client.num_samples / total
+            for rep, (x, y, update, attacked) in enumerate(trained[client.name]):
                 upload = Upload(client.name, r, weight, defense.encode(fed, client, update, weight))
                 if attacked:
                     told = y.tolist() if scenario.labels_known else None
@@ -211,7 +227,7 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
                                           replace(knowledge, labels=told)))
                 if rep == 0:
                     fed.send(client.name, "server", "upload", upload.payload)
-                    fed.cipher_sizes.append(upload.payload.cipher_bytes)
+                    fed.observe(upload)
                     uploads.append(upload)
         aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
         decoder = defense.decoder(fed)
@@ -230,8 +246,9 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         if progress:
             progress(f"round {r + 1}/{scenario.rounds}")
     measured = _run_metrics(fed, defense, time.perf_counter() - start)
+    measured.update(_encryption_breakdown(fed))
     metrics = {k: v for k, v in measured.items() if not isinstance(v, dict)}
-    details = {k: v for k, v in measured.items() if isinstance(v, dict)}
+    details = {k: v for k, v in measured.items() if isinstance(v, dict)} | {"key_topology": defense.key_topology}
     return FederationRun(targets, knowledge, metrics, details)
 
 
@@ -258,6 +275,21 @@ def _server_learns(aggregate: Payload, decoder: Party, shapes) -> dict[str, torc
     return learned
 
 
+def _encryption_breakdown(fed: Federation) -> dict[str, Any]:
+    """Actual encrypted fraction overall and per parameter, and whether the classifier head is covered."""
+    sizes = {n: int(np.prod(s)) if s else 1 for n, s in fed.shapes.items()}
+    per_name = {n: float(np.mean(v)) for n, v in fed.encrypted.items()}
+    total = sum(sizes.values())
+    out: dict[str, Any] = {"encrypted_fraction": sum(per_name[n] * sizes[n] for n in fed.names) / total,
+                           "encrypted_by_parameter": per_name}
+    if fed.data.task == "classification":
+        weight, bias = classifier_head(fed.model)
+        out["head_weight_encrypted"] = per_name[weight]
+        if bias is not None:
+            out["head_bias_encrypted"] = per_name[bias]
+    return out
+
+
 def _run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any]:
     data = fed.data
     metrics: dict[str, Any] = dict(fed.task.evaluate(fed.model, data.test_x, data.test_y))
@@ -265,6 +297,6 @@ def _run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, An
                    setup_bytes=fed.traffic.setup_bytes(), wall_s=wall,
                    ciphertext_bytes=float(np.mean(fed.cipher_sizes)) if fed.cipher_sizes else 0.0,
                    he_encrypt_s=fed.meter.mean("he_encrypt_s"), he_aggregate_s=fed.meter.mean("he_aggregate_s"),
-                   he_decrypt_s=fed.meter.mean("he_decrypt_s"), key_topology=defense.key_topology)
+                   he_decrypt_s=fed.meter.mean("he_decrypt_s"))
     metrics.update(defense.run_metrics(fed))
     return metrics

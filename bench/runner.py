@@ -49,11 +49,10 @@ def one_line(err: BaseException) -> str:
 
 
 def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict | None = None) -> dict[str, Any]:
-    defense_cls = DEFENSES.get(cell.defense.name)
     from bench.defense import KEY_TOPOLOGIES
     details = dict(details or {})
-    details.setdefault("key_topology", defense_cls.key_topology)
-    details.setdefault("decrypts_single_upload", KEY_TOPOLOGIES[defense_cls.key_topology])
+    details.setdefault("key_topology", DEFENSES.get(cell.defense.name).key_topology)
+    details["decrypts_single_upload"] = KEY_TOPOLOGIES[details["key_topology"]]
     return {"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
             "defense": cell.defense.name, "defense_params": cell.defense.params, "attack": cell.attack.name,
             "attack_params": cell.attack.params, "status": status, "reason": reason, "metrics": metrics,

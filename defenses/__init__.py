@@ -1,2 +1,2 @@
 """Built-in defenses; importing the package registers each one."""
-from defenses import plaintext  # noqa: F401
+from defenses import maskcrypt, plaintext, selective  # noqa: F401

@@ -23,3 +23,8 @@ for _name, _unit, _lower, _kind, _desc, _fmt, _timing in _RUN:
 
 metric("attack_s", "s", None, "cost", "attack wall time per attacked upload", fmt="{:.2f}", per_target=False,
        timing=True)(run_value("attack_s"))
+
+for _name, _desc in (("encrypted_fraction", "fraction of update entries actually encrypted (after union/consensus)"),
+                     ("head_weight_encrypted", "fraction of the classifier head's weight entries encrypted"),
+                     ("head_bias_encrypted", "fraction of the classifier head's bias entries encrypted")):
+    metric(_name, "", None, "cost", _desc, fmt="{:.3f}", per_target=False)(run_value(_name))
