@@ -1,0 +1,174 @@
+"""Model factories for both tracks, built from a Dataset's shapes, plus the helpers the engine needs.
+
+Image models follow the papers the attacks come from (SelectiveShield's MLP/SimpleCNN,
+the DLG LeNet, the iLRG LeNet-5, torchvision ResNet-18) and adapt to the input size so
+every model runs on 8x8 digits, 28x28 MNIST and 32x32 CIFAR. The language model is a
+small GPT-2-architecture causal LM with LoRA adapters, random init, built offline.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable
+
+import torch
+from torch import nn
+
+from bench.datasets import Dataset
+from bench.registry import MODELS
+
+
+def build_model(name: str, data: Dataset, **kwargs) -> nn.Module:
+    return MODELS.get(name)(data, **kwargs)
+
+
+def classifier_head(model: nn.Module) -> tuple[str, str | None]:
+    """Names (as in named_parameters) of the last nn.Linear's weight and bias: the layer iLRG/iDLG read."""
+    last = None
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            last = module
+    if last is None:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear layer, so it has no classifier head")
+    names = {id(p): n for n, p in model.named_parameters()}   # by identity: tied weights keep their first name
+    bias = names[id(last.bias)] if last.bias is not None else None
+    return names[id(last.weight)], bias
+
+
+def update_names(model: nn.Module) -> list[str]:
+    """What a client's update covers: trainable parameters, then persistent floating buffers (BN stats)."""
+    persistent = set(model.state_dict())
+    params = [n for n, p in model.named_parameters() if p.requires_grad]
+    buffers = [n for n, b in model.named_buffers() if b.is_floating_point() and n in persistent]
+    return params + buffers
+
+
+def _image_shape(data: Dataset, model: str) -> tuple[int, int, int]:
+    if data.task != "classification" or len(data.input_shape) != 3:
+        raise ValueError(f"model '{model}' needs image classification data (C,H,W); "
+                         f"dataset '{data.name}' is {data.task} with input shape {data.input_shape}")
+    return tuple(data.input_shape)
+
+
+def _flat_size(body: nn.Module, shape: tuple[int, ...]) -> int:
+    """Features the body produces for one input, found by running it once (works for any input size)."""
+    was_training = body.training
+    body.eval()
+    with torch.no_grad():
+        n = body(torch.zeros(1, *shape)).numel()
+    body.train(was_training)
+    return n
+
+
+class Classifier(nn.Sequential):
+    """features -> flatten -> classifier; a Sequential so parameter names stay short and stable."""
+
+    def __init__(self, features: nn.Module, shape: tuple[int, ...], head: Callable[[int], nn.Module]):
+        super().__init__()
+        self.features = features
+        self.flatten = nn.Flatten()
+        self.classifier = head(_flat_size(features, shape))
+
+
+@MODELS.register("mlp", "SelectiveShield MLP: flatten, 256, 128, classes (ReLU)")
+def mlp(data: Dataset) -> nn.Module:
+    shape = _image_shape(data, "mlp")
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), 256), nn.ReLU(), nn.Linear(256, 128),
+                         nn.ReLU(), nn.Linear(128, data.num_classes))
+
+
+@MODELS.register("simplecnn", "SelectiveShield SimpleCNN: 2x (conv3x3, BN, ReLU, maxpool), FC 256, classes")
+def simplecnn(data: Dataset) -> nn.Module:
+    shape = _image_shape(data, "simplecnn")
+    features = nn.Sequential(
+        nn.Conv2d(shape[0], 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2))
+    return Classifier(features, shape, lambda n: nn.Sequential(nn.Linear(n, 256), nn.ReLU(),
+                                                               nn.Linear(256, data.num_classes)))
+
+
+@MODELS.register("lenet5-sigmoid", "DLG/iDLG LeNet: 3 sigmoid convs (12 ch, 5x5), one FC; uniform(-0.5,0.5) init")
+def lenet5_sigmoid(data: Dataset) -> nn.Module:
+    """The DLG LeNet; like DLG, every weight and bias is drawn from U(-0.5, 0.5), which keeps the
+    sigmoid gradients large enough for gradient inversion to converge."""
+    shape = _image_shape(data, "lenet5-sigmoid")
+    features = nn.Sequential(
+        nn.Conv2d(shape[0], 12, 5, padding=2, stride=2), nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=1), nn.Sigmoid())
+    model = Classifier(features, shape, lambda n: nn.Linear(n, data.num_classes))   # n=768 at 32x32, 588 at 28x28
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-0.5, 0.5)
+    return model
+
+
+_ACTIVATIONS = {"relu": nn.ReLU, "silu": nn.SiLU, "leakyrelu": nn.LeakyReLU}
+
+
+@MODELS.register("lenet5-relu", "iLRG LeNet-5: 2x (conv5x5, act, maxpool), FC 120, 84, classes")
+def lenet5_relu(data: Dataset, activation: str = "relu") -> nn.Module:
+    """Unpadded 5x5 convs need inputs >= 16 px; smaller ones (8x8 digits) use padding 2 instead."""
+    shape = _image_shape(data, "lenet5-relu")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"lenet5-relu activation must be one of {', '.join(_ACTIVATIONS)}, got '{activation}'")
+    act = _ACTIVATIONS[activation]
+    pad = 0 if min(shape[1:]) >= 16 else 2
+    features = nn.Sequential(nn.Conv2d(shape[0], 6, 5, padding=pad), act(), nn.MaxPool2d(2),
+                             nn.Conv2d(6, 16, 5, padding=pad), act(), nn.MaxPool2d(2))
+    return Classifier(features, shape, lambda n: nn.Sequential(nn.Linear(n, 120), act(), nn.Linear(120, 84), act(),
+                                                               nn.Linear(84, data.num_classes)))
+
+
+@MODELS.register("resnet18", "torchvision ResNet-18, random init; CIFAR-style stem for inputs under 64 px")
+def resnet18(data: Dataset) -> nn.Module:
+    """Inputs under 64 px get the CIFAR stem (3x3 stride-1 conv, no max-pool) so the feature maps are
+    not pooled away; under 16 px layer4 also keeps stride 1, so BatchNorm still sees more than one value
+    per channel at batch size 1. Other channel counts get a stem conv with that many input channels."""
+    from torchvision.models import resnet18 as tv_resnet18
+    c, h, w = _image_shape(data, "resnet18")
+    model = tv_resnet18(weights=None, num_classes=data.num_classes)
+    if min(h, w) < 64:
+        model.conv1 = nn.Conv2d(c, 64, 3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    elif c != 3:
+        model.conv1 = nn.Conv2d(c, 64, 7, stride=2, padding=3, bias=False)
+    if min(h, w) < 16:
+        model.layer4[0].conv1.stride = (1, 1)
+        model.layer4[0].downsample[0].stride = (1, 1)
+    return model
+
+
+class LoRACausalLM(nn.Module):
+    """Token ids (B, T) -> next-token logits (B, T, V); padding is masked out of attention."""
+
+    def __init__(self, lm: nn.Module, pad_id: int):
+        super().__init__()
+        self.lm = lm
+        self.pad_id = pad_id
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=x, attention_mask=(x != self.pad_id).long()).logits
+
+
+@MODELS.register("gpt2-lora", "small GPT-2-architecture causal LM (random init) with LoRA r=4 on c_attn")
+def gpt2_lora(data: Dataset, n_embd: int = 64, n_layer: int = 2, n_head: int = 2, lora_r: int = 4,
+              lora_alpha: int | None = None, dropout: float = 0.0) -> nn.Module:
+    """Only the LoRA matrices train; the base is frozen. Dropout defaults to 0 so a client's forward
+    pass is deterministic, which the gradient attacks assume (GPT-2's own default is 0.1)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+    if data.task != "causal-lm" or data.vocab_size is None or data.pad_id is None:
+        raise ValueError(f"model 'gpt2-lora' needs causal-lm text data with a vocabulary; "
+                         f"dataset '{data.name}' is {data.task}")
+    eos = getattr(data.tokenizer, "eos_token_id", None)
+    config = GPT2Config(vocab_size=data.vocab_size, n_positions=max(64, data.input_shape[0]), n_embd=n_embd,
+                        n_layer=n_layer, n_head=n_head, resid_pdrop=dropout, embd_pdrop=dropout,
+                        attn_pdrop=dropout, pad_token_id=data.pad_id, bos_token_id=eos, eos_token_id=eos)
+    base = GPT2LMHeadModel(config)
+    lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * lora_r,
+                      target_modules=["c_attn"], lora_dropout=0.0, fan_in_fan_out=True)
+    with warnings.catch_warnings():   # peft calls a deprecated transformers property; not actionable here
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        lm = get_peft_model(base, lora)
+    return LoRACausalLM(lm, data.pad_id)
