@@ -103,7 +103,7 @@ class IDLG(Attack):
 
         best, best_loss, steps = dummy.detach().clone(), float("inf"), 0
         for steps in range(1, self.steps + 1):
-            loss = float(opt.step(closure))
+            loss = float(opt.step(closure).detach())
             if not np.isfinite(loss):
                 break
             if loss < best_loss:

@@ -162,7 +162,7 @@ def build_federation(scenario: Scenario, data) -> Federation:
     parts = partition(data.train_y, scenario.num_clients, scenario.partition, alpha=scenario.alpha,
                       classes_per_client=scenario.classes_per_client, seed=scenario.seed)
     clients = [Client(i, data.train_x[idx], data.train_y[idx], Party(f"client-{i}")) for i, idx in enumerate(parts)]
-    parties = {"server": Party("server"), "key-server": Party("key-server")} | {c.name: c.party for c in clients}
+    parties = {"server": Party("aggregation server"), "key-server": Party("key-server")} | {c.name: c.party for c in clients}
     return Federation(scenario, data, task, model, names, shapes, clients, parties, Traffic(), CostMeter(),
                       np.random.default_rng(scenario.seed), new_model)
 

@@ -1,0 +1,27 @@
+"""Shared helpers: tiny inline suites that run in seconds on the embedded digits data."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.spec import parse_suite
+
+TINY_SCENARIO = {"name": "tiny", "dataset": "digits", "model": "mlp", "num_clients": 2, "clients_per_round": 2,
+                 "rounds": 1, "max_train": 120, "max_test": 60, "seed": 0}
+
+
+def tiny_suite(defenses, attacks, name: str = "tiny", **scenario):
+    """An inline suite: defenses/attacks as names or (name, params) pairs."""
+    def tables(items):
+        return [{"name": i} if isinstance(i, str) else {"name": i[0], "params": i[1]} for i in items]
+    return parse_suite({"name": name, "scenarios": [{**TINY_SCENARIO, **scenario}],
+                        "defenses": tables(defenses), "attacks": tables(attacks)})
+
+
+@pytest.fixture
+def data_root():
+    root = os.environ.get("LEAKBENCH_DATA")
+    if not root:
+        pytest.skip("needs the data root: set LEAKBENCH_DATA (CI sets ../shared/data)")
+    return root
