@@ -1,0 +1,20 @@
+"""A tiny text scenario runs end to end: bench/ holds no image assumption."""
+import pytest
+
+from bench.runner import run_group
+from bench.spec import parse_suite
+
+
+def test_lora_lm_on_sst2_runs_end_to_end(data_root):
+    suite = parse_suite({"name": "text", "scenarios": [{
+        "name": "sst2-lora", "dataset": "sst2", "model": "gpt2-lora", "num_clients": 2, "clients_per_round": 2,
+        "rounds": 1, "max_train": 64, "max_test": 32, "seq_len": 16, "batch_size": 16, "lr": 0.01,
+        "attack_batch_size": 2}], "defenses": [{"name": "plaintext"}, {"name": "fedhe-full"}],
+        "attacks": [{"name": "idlg"}]})
+    records = list(run_group([suite.cells[0]], data_root)) + list(run_group([suite.cells[1]], data_root))
+    for rec in records:
+        assert rec["status"] == "blocked", rec["reason"]
+        assert "classification" in rec["reason"]
+        assert rec["metrics"]["perplexity"] > 1.0
+        assert rec["metrics"]["upload_bytes"] > 0
+    assert records[1]["metrics"]["encrypted_fraction"] == pytest.approx(1.0)
