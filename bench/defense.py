@@ -45,6 +45,11 @@ class Defense(Configurable):
     key_topology: ClassVar[str] = "none"
 
     # -- hooks ---------------------------------------------------------------------------------
+    def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Reparameterize the (warm-started) model every party builds, e.g. into a frozen
+        dictionary and a trainable table; the result is the public architecture."""
+        return model
+
     def setup(self, fed) -> None:
         """Keys and one-off negotiation; send messages with fed.send(round=-1, ...)."""
 

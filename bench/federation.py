@@ -20,6 +20,7 @@ from bench.costs import CostMeter
 from bench.defense import Defense, Party
 from bench.models import build_model, classifier_head, update_names
 from bench.partition import partition
+from bench.pretrain import pretrain, split_public
 from bench.spec import Scenario
 from bench.tasks import TASKS
 from bench.view import Knowledge, ServerView
@@ -148,27 +149,46 @@ def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tens
     return {n: state[n].detach() - start[n] for n in fed.names}
 
 
-def build_federation(scenario: Scenario, data) -> Federation:
+def build_federation(scenario: Scenario, data, defense: Defense | None = None) -> Federation:
+    """Clients and their data, the (optionally warm-started, defense-adapted) global model, the parties."""
     torch.manual_seed(scenario.seed)
     task = TASKS[data.task](data)
+    base = build_model(scenario.model, data, **scenario.model_params)
+    pool = np.arange(len(data.train_y))
+    if scenario.public_fraction > 0:
+        public, pool = split_public(data.train_y, scenario.public_fraction, scenario.seed)
+        if scenario.pretrain_epochs:
+            pretrain(base, task, data.train_x[public], data.train_y[public], scenario.pretrain_epochs,
+                     scenario.batch_size, scenario.lr, scenario.seed)
+    start = {k: v.detach().clone() for k, v in base.state_dict().items()}
 
     def new_model() -> torch.nn.Module:
-        return build_model(scenario.model, data, **scenario.model_params)
+        model = build_model(scenario.model, data, **scenario.model_params)
+        model.load_state_dict(start)
+        return defense.adapt_model(model) if defense is not None else model
 
     model = new_model()
     names = update_names(model)
     state = dict(model.named_parameters()) | dict(model.named_buffers())
     shapes = {n: tuple(state[n].shape) for n in names}
-    parts = partition(data.train_y, scenario.num_clients, scenario.partition, alpha=scenario.alpha,
+    parts = partition(data.train_y[pool], scenario.num_clients, scenario.partition, alpha=scenario.alpha,
                       classes_per_client=scenario.classes_per_client, seed=scenario.seed)
-    clients = [Client(i, data.train_x[idx], data.train_y[idx], Party(f"client-{i}")) for i, idx in enumerate(parts)]
+    clients = [Client(i, data.train_x[pool[idx]], data.train_y[pool[idx]], Party(f"client-{i}"))
+               for i, idx in enumerate(parts)]
     parties = {"server": Party("aggregation server"), "key-server": Party("key-server")} | {c.name: c.party for c in clients}
     return Federation(scenario, data, task, model, names, shapes, clients, parties, Traffic(), CostMeter(),
                       np.random.default_rng(scenario.seed), new_model)
 
 
 def _sample(fed: Federation, round: int) -> list[Client]:
+    """Fixed-size sampling, or Poisson with q = clients_per_round / num_clients (at least one client)."""
     sc = fed.scenario
+    if sc.sampling == "poisson":
+        hits = np.flatnonzero(fed.rng.random(sc.num_clients) < sc.clients_per_round / sc.num_clients)
+        chosen = list(hits) or [int(fed.rng.integers(sc.num_clients))]
+        if round == sc.attack_round and sc.attack_client not in chosen:
+            chosen.append(sc.attack_client)
+        return [fed.clients[i] for i in sorted(chosen)]
     chosen = list(fed.rng.choice(sc.num_clients, size=sc.clients_per_round, replace=False))
     if round == sc.attack_round and sc.attack_client not in chosen:
         chosen[-1] = sc.attack_client
@@ -191,7 +211,7 @@ def _knowledge(fed: Federation, known: dict[str, torch.Tensor]) -> Knowledge:
 def run_federation(scenario: Scenario, data, defense: Defense, progress: Callable[[str], None] | None = None,
                    fed: Federation | None = None) -> FederationRun:
     start = time.perf_counter()
-    fed = fed or build_federation(scenario, data)
+    fed = fed or build_federation(scenario, data, defense)
     fed.round = -1
     defense.setup(fed)
     known = {n: torch.ones(s, dtype=torch.bool) for n, s in fed.shapes.items()}
@@ -293,6 +313,13 @@ def _encryption_breakdown(fed: Federation) -> dict[str, Any]:
 def _run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any]:
     data = fed.data
     metrics: dict[str, Any] = dict(fed.task.evaluate(fed.model, data.test_x, data.test_y))
+    if any(c.local for c in fed.clients):  # personalized entries: each client's own model on the test set
+        personal = []
+        for client in fed.clients:
+            model = fed.new_model()
+            _set_entries(model, fed.params() | client.local)
+            personal.append(fed.task.evaluate(model, data.test_x, data.test_y))
+        metrics.update({f"{k}_personal": float(np.mean([p[k] for p in personal])) for k in personal[0]})
     metrics.update(upload_bytes=fed.traffic.per_client("up"), download_bytes=fed.traffic.per_client("down"),
                    setup_bytes=fed.traffic.setup_bytes(), wall_s=wall,
                    ciphertext_bytes=float(np.mean(fed.cipher_sizes)) if fed.cipher_sizes else 0.0,

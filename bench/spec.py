@@ -37,6 +37,7 @@ class Scenario:
     alpha: float = 0.5                # Dirichlet concentration
     classes_per_client: int = 2       # for k-classes
     rounds: int = 2
+    sampling: str = "fixed"           # fixed (clients_per_round each round) | poisson (q = clients_per_round/num_clients)
     local_epochs: int = 1
     batch_size: int = 32
     lr: float = 0.1
@@ -44,6 +45,8 @@ class Scenario:
     max_test: int | None = None
     seq_len: int = 32                 # text only
     seed: int = 0
+    public_fraction: float = 0.0      # held out from every client, for a warm start
+    pretrain_epochs: int = 0          # central training on the public split before round one
     delta: float = 1e-5               # DP delta at which epsilon is reported
     # attack setting: which upload the honest-but-curious server attacks
     attack_round: int = 0
@@ -56,6 +59,9 @@ class Scenario:
     def __post_init__(self) -> None:
         _check_choice("partition", self.partition, ("iid", "dirichlet", "k-classes"))
         _check_choice("attack_update", self.attack_update, ("gradient", "delta"))
+        _check_choice("sampling", self.sampling, ("fixed", "poisson"))
+        if not 0.0 <= self.public_fraction < 1.0:
+            raise SpecError(f"scenario '{self.name}': public_fraction must be in [0, 1), got {self.public_fraction}")
         for name in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
                      "attack_batch_size", "attack_repeats", "seq_len"):
             if getattr(self, name) < 1:

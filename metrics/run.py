@@ -6,6 +6,7 @@ from metrics.schema import metric, run_value
 _RUN = [
     # name, unit, lower_is_better, kind, description, fmt, timing
     ("accuracy", "", False, "utility", "test accuracy of the final global model", "{:.3f}", False),
+    ("accuracy_personal", "", False, "utility", "mean test accuracy of the clients' personalized models", "{:.3f}", False),
     ("lm_loss", "nats", True, "utility", "test next-token loss of the final global model", "{:.3f}", False),
     ("perplexity", "", True, "utility", "test perplexity of the final global model", "{:.1f}", False),
     ("upload_bytes", "B", True, "cost", "bytes one client sends per round (len of what is on the wire)", "{:,.0f}", False),
