@@ -122,6 +122,11 @@ class Suite:
     description: str
     cells: tuple[Cell, ...]
     source: str = ""
+    notes: str = ""                       # shown on the suite's leaderboard page
+    figures: tuple[dict, ...] = ()        # curves drawn from its records (leaderboards/figures.py)
+
+    def page_info(self) -> dict[str, Any]:
+        return {"description": self.description, "notes": self.notes, "figures": list(self.figures)}
 
     @property
     def scenarios(self) -> list[Scenario]:
@@ -219,10 +224,11 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
     from bench.registry import ATTACKS, DATASETS, DEFENSES, MODELS
 
     where = f"suite {source or '<inline>'}"
-    unknown = set(data) - {"name", "description", "scenarios", "defenses", "attacks"}
+    top = ["name", "description", "notes", "figures", "scenarios", "defenses", "attacks"]
+    unknown = set(data) - set(top)
     if unknown:
         key = sorted(unknown)[0]
-        close = difflib.get_close_matches(key, ["name", "description", "scenarios", "defenses", "attacks"], n=1)
+        close = difflib.get_close_matches(key, top, n=1)
         raise SpecError(f"{where}: unknown key '{key}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     name = data.get("name")
     if not isinstance(name, str):
@@ -255,7 +261,14 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
                 if only_a is not None and a.name not in only_a:
                     continue
                 cells.append(Cell(name, scenario, d, a))
-    return Suite(name, str(data.get("description", "")), tuple(cells), source)
+    from leaderboards.figures import check_figure
+    figures = tuple(data.get("figures", []))
+    for i, fig in enumerate(figures):
+        try:
+            check_figure(fig)
+        except ValueError as err:
+            raise SpecError(f"{where} figures[{i}]: {err}") from None
+    return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures)
 
 
 def load_suite(ref: str | Path) -> Suite:

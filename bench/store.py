@@ -59,8 +59,12 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
-    def add_membership(self, suite: str, cell_ids: Iterable[str]) -> None:
+    def add_membership(self, suite: str, cell_ids: Iterable[str], info: dict[str, Any] | None = None) -> None:
+        """Record which cells make up a suite (and the suite's page info: notes, figures)."""
         with self._tx():
+            if info is not None:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                 (f"suite:{suite}", json.dumps(info, sort_keys=True)))
             for pos, cid in enumerate(cell_ids):
                 self._db.execute("INSERT OR REPLACE INTO membership VALUES (?, ?, ?)", (suite, cid, pos))
 
@@ -91,6 +95,10 @@ class Store:
                 rec[key] = json.loads(rec[key])
             out.append(rec)
         return out
+
+    def suite_info(self, suite: str) -> dict[str, Any]:
+        row = self._db.execute("SELECT value FROM meta WHERE key=?", (f"suite:{suite}",)).fetchone()
+        return json.loads(row[0]) if row else {}
 
     def suites(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT DISTINCT suite FROM membership ORDER BY suite")]

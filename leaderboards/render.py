@@ -15,6 +15,7 @@ import jinja2
 
 from bench.registry import METRICS
 from bench.store import Store
+from leaderboards.figures import draw
 
 TEMPLATES = Path(__file__).parent / "templates"
 RECORD_KEYS = ("cell_id", "suite", "scenario", "defense", "defense_params", "attack", "attack_params", "status",
@@ -133,7 +134,14 @@ def write_outputs(store: Store, out_dir: str | Path) -> Path:
             plot = _plot(recs, out / "plots" / f"{suite}--{scen}.png")
             tables.append({"scenario": scen, "config": recs[0]["config"]["scenario"], **scenario_table(recs),
                            "plot": f"plots/{plot}" if plot else None})
-        suites.append({"name": suite, "tables": tables})
+        info = store.suite_info(suite)
+        figures = []
+        for i, spec in enumerate(info.get("figures", [])):
+            name = f"plots/{suite}--figure{i}.png"
+            if draw(spec, mine, out / name):
+                figures.append({"path": name, "title": spec.get("title", f"{spec['y']} vs {spec['x']}")})
+        suites.append({"name": suite, "tables": tables, "description": info.get("description", ""),
+                       "notes": info.get("notes", ""), "figures": figures})
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
                              lstrip_blocks=True)
     html = env.get_template("index.html.j2").render(suites=suites, schema=[e.obj for e in METRICS.entries()])

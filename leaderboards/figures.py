@@ -1,0 +1,68 @@
+"""Suite-declared figures: curves of one column against another, drawn with seaborn.
+
+A suite TOML may list figures:
+
+    [[figures]]
+    title = "kde_mi vs ratio"
+    x = "ratio"            # a metric, a defense or attack parameter, or defense/attack/scenario
+    y = "kde_mi"
+    hue = "rule"           # optional
+    attack = "ilrg"        # optional filter on the attack name
+    scenario = "..."       # optional filter on the scenario name
+    logx = true            # optional
+
+Figures are drawn from stored records only, into PNGs without metadata (deterministic).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FIGURE_KEYS = {"title", "x", "y", "hue", "attack", "scenario", "defense", "logx", "logy"}
+
+
+def check_figure(spec: dict[str, Any]) -> None:
+    unknown = set(spec) - FIGURE_KEYS
+    if unknown or "x" not in spec or "y" not in spec:
+        raise ValueError(f"figure needs x and y and accepts {sorted(FIGURE_KEYS)}; got {sorted(spec)}")
+
+
+def lookup(rec: dict[str, Any], key: str) -> Any:
+    for source in (rec["metrics"], rec["defense_params"], rec["attack_params"]):
+        if key in source:
+            return source[key]
+    return rec.get(key)
+
+
+def draw(spec: dict[str, Any], records: list[dict[str, Any]], path: Path) -> bool:
+    rows = []
+    for rec in records:
+        if rec["status"] != "ok" or any(spec.get(k) and rec[k] != spec[k] for k in ("attack", "scenario", "defense")):
+            continue
+        x, y = lookup(rec, spec["x"]), lookup(rec, spec["y"])
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+            rows.append({spec["x"]: x, spec["y"]: y, "hue": str(lookup(rec, spec["hue"])) if spec.get("hue") else ""})
+    if not rows:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    frame = pd.DataFrame(rows).sort_values([spec["x"], "hue"])
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    sns.lineplot(data=frame, x=spec["x"], y=spec["y"], hue="hue" if spec.get("hue") else None, marker="o",
+                 errorbar=None, ax=ax)
+    if spec.get("logx"):
+        ax.set_xscale("log")
+    if spec.get("logy"):
+        ax.set_yscale("log")
+    ax.set_title(spec.get("title", f"{spec['y']} vs {spec['x']}"), fontsize=10)
+    if spec.get("hue"):
+        ax.legend(title=spec["hue"], fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    return True
