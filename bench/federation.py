@@ -33,7 +33,12 @@ class Client:
     x: torch.Tensor
     y: torch.Tensor
     party: Party
-    local: dict[str, torch.Tensor] = field(default_factory=dict)  # personalized entries kept off the wire
+    local: dict[str, torch.Tensor] = field(default_factory=dict)  # personalized values, NaN where global
+
+    def merged(self, global_params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The client's model: its personalized entries over the global model (SelectiveShield eq. 27)."""
+        return {n: torch.where(torch.isnan(self.local[n]), v, self.local[n]) if n in self.local else v
+                for n, v in global_params.items()}
 
     @property
     def name(self) -> str:
@@ -131,7 +136,7 @@ def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tens
     sc = fed.scenario
     model = fed.new_model()
     start = fed.params()
-    _set_entries(model, start | client.local)
+    _set_entries(model, client.merged(start))
     model.train()
     if mode == "gradient":
         before = {n: b.detach().clone() for n, b in model.named_buffers() if n in fed.shapes}
@@ -317,7 +322,7 @@ def _run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, An
         personal = []
         for client in fed.clients:
             model = fed.new_model()
-            _set_entries(model, fed.params() | client.local)
+            _set_entries(model, client.merged(fed.params()))
             personal.append(fed.task.evaluate(model, data.test_x, data.test_y))
         metrics.update({f"{k}_personal": float(np.mean([p[k] for p in personal])) for k in personal[0]})
     metrics.update(upload_bytes=fed.traffic.per_client("up"), download_bytes=fed.traffic.per_client("down"),

@@ -3,9 +3,9 @@
 The ledger is the single source of the noise multiplier a mechanism may use, and it is
 stepped once per released aggregate with the user-level sampling rate q = sampled
 clients / total clients (not a record-level batch/data rate). It wraps Opacus'
-RDPAccountant (Poisson subsampled Gaussian, add/remove-one adjacency); the engine
-samples a fixed number of clients without replacement, which the RDP bound treats as
-Poisson sampling at the same rate. Both facts are part of what `describe` records.
+RDPAccountant (Poisson subsampled Gaussian, add/remove-one adjacency); a run that
+samples a fixed number of clients without replacement is accounted as Poisson sampling
+at the same rate. Both facts are part of what `describe` records.
 
 Calibrating a noise multiplier for a target epsilon is a bisection that takes seconds,
 so results are cached in-process and in a small JSON file in the user cache.
@@ -67,10 +67,11 @@ class RdpLedger:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
         return float(self._accountant.get_epsilon(delta=delta)) if self.steps else 0.0
 
-    def describe(self, delta: float) -> dict[str, Any]:
-        """What an epsilon means: accountant, sampling assumption, adjacency, and the inputs."""
+    def describe(self, delta: float, sampling: str) -> dict[str, Any]:
+        """What an epsilon means: accountant, the run's sampling against the bound's, adjacency, the inputs."""
         return {"accountant": f"opacus {opacus.__version__} {ACCOUNTANT}",
-                "sampling": "fixed-size clients per round, accounted as Poisson at rate q",
+                "sampling": "Poisson at rate q" if sampling == "poisson"
+                else f"{sampling} clients per round, accounted as Poisson at rate q",
                 "adjacency": "add/remove one client (user-level)",
                 "sample_rate": self.sample_rate, "steps": self.steps, "delta": delta,
                 "noise_multiplier": self.noise_multiplier}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -170,9 +171,9 @@ def _round(defense, data, scenario, weights=(0.5, 0.5), updates=None):
     fed = build_federation(scenario, data)
     defense.setup(fed)
     fed.round = 0
-    clients = fed.clients[:2]
     zeros = {n: torch.zeros(s) for n, s in fed.shapes.items()}
     updates = updates or [zeros, zeros]
+    clients = fed.clients[:len(updates)]
     defense.round_start(fed, 0, clients, {c.name: u for c, u in zip(clients, updates)})
     uploads = [Upload(c.name, 0, w, defense.encode(fed, c, u, w)) for c, u, w in zip(clients, updates, weights)]
     return fed, uploads, defense.aggregate(fed, uploads, fed.parties["server"])
@@ -219,8 +220,27 @@ def test_wrong_sample_rate_is_refused(data, scenario):
     defense = DPFedAvg(noise_multiplier=1.0)
     fed = build_federation(scenario, data)
     defense.setup(fed)
-    with pytest.raises(RuntimeError, match="q=0.5"):
+    with pytest.raises(RuntimeError, match="sampled 3 clients under fixed-size sampling"):
         defense.round_start(fed, 0, fed.clients[:3], {})
+    other = build_federation(replace(scenario, num_clients=8), load_dataset("digits", None, max_train=300))
+    with pytest.raises(RuntimeError, match="ledger accounts q=0.5"):   # a ledger set up for another scenario
+        defense.round_start(other, 0, other.clients[:2], {})
+
+
+def test_poisson_rounds_use_the_fixed_denominator(data, scenario):
+    """Poisson sampling: m varies, the estimate is sum / clients_per_round and the sum's noise stays z*C."""
+    poisson = replace(scenario, sampling="poisson", rounds=4)
+    defense = DPFedAvgLocal(noise_multiplier=1.0, clip=CLIP)
+    run = run_federation(poisson, data, defense)
+    assert defense.ledger.history == [(1.0, 0.5, 4)]
+    assert run.details["dp"]["sampling"] == "Poisson at rate q"
+    assert run.metrics["upload_noise_multiplier"] == pytest.approx(1 / math.sqrt(defense._most))
+    fed = build_federation(poisson, data)
+    ones = {n: torch.full(s, 1.0) for n, s in fed.shapes.items()}
+    _, _, aggregate = _round(DPFedAvg(noise_multiplier=1e-6, clip=CLIP), data, poisson, (0.2, 0.3, 0.5),
+                             [ones, ones, ones])
+    expected = 3 * CLIP / math.sqrt(sum(t.numel() for t in ones.values())) / 2
+    assert np.allclose(_values(aggregate), expected, rtol=1e-3)   # 1.5x the mean: 3 clients over W=2
 
 
 class _SealedInner(Defense):

@@ -13,15 +13,20 @@ GRID_DEFENSES = [
     ("fedml-he", {}),
     ("maskcrypt", {}),
     ("selective", {"rule": "random", "ratio": 0.2}),
+    ("dp-fedavg", {"noise_multiplier": 1.0}),
+    ("dp-fedavg-local", {"noise_multiplier": 1.0}),
 ]
 GRID_ATTACKS = [
     ("idlg", {"steps": 3}),
+    ("ilrg", {}),
+    ("idlg-extended", {}),
+    ("random-guess", {}),
 ]
 
 
 @pytest.mark.parametrize("defense", GRID_DEFENSES, ids=[d for d, _ in GRID_DEFENSES])
 def test_defense_runs_against_every_attack(defense):
-    suite = tiny_suite([defense], GRID_ATTACKS, model="lenet5-sigmoid", attack_batch_size=1)
+    suite = tiny_suite([defense], GRID_ATTACKS, model="lenet5-sigmoid", attack_batch_size=2)
     records = list(run_group(list(suite.cells), None))
     assert len(records) == len(GRID_ATTACKS)
     for rec in records:

@@ -1,0 +1,192 @@
+"""User-level DP-FedAvg (McMahan et al. 2018; Geyer et al. 2017) as a wrapper around any defense.
+
+Every sampled client clips its whole update (parameters and floating BN statistics, the
+entries of fed.names; integer counters never enter an update) to L2 norm `clip`; the
+wrapped `inner` defense (Flower-style composition) then encodes, aggregates and decodes
+the clipped updates. The aggregate is the sum divided by W = clients_per_round, not
+the engine's sample-share weighting: with sample shares one client moves the average
+by up to w_k * C, not C/W, so noise calibrated for C/W would be too small (anchors
+pitfall 11c). Under fixed-size sampling W is the number sampled, i.e. the uniform 1/m
+average; under Poisson sampling it is McMahan's fixed-denominator estimator (dividing
+by the realized count would make the denominator itself depend on who took part).
+Gaussian noise makes the sum carry std z*C (z*C/W on the estimate), and an RDP ledger
+(bench.privacy) is stepped once per round with the user-level rate
+q = clients_per_round / num_clients. The ledger is the only source of z, and noise
+cannot be drawn for a round it has not accounted. The engine forces the attacked client
+into the attack round and never runs an empty Poisson round; the accounting ignores
+both benchmark artefacts.
+
+`dp-fedavg` (central): the aggregation server adds the noise to the aggregate's
+plaintext parts. Positions the inner defense sends as ciphertext cannot be noised by
+the server; there the party that decodes adds the noise after decryption. Honest
+reading for the leaderboard: central DP protects the released model, not the upload.
+The honest-but-curious server sees every CLIPPED but UN-NOISED individual update (the
+server view is derived from the upload), so an attack on the view faces clipping only;
+`upload_noise_multiplier` is 0. With a shared-client-key inner defense, every key
+holder can also decrypt the un-noised aggregate.
+
+`dp-fedavg-local` (distributed noise): each of the m clients of a round adds
+N(0, (z*C)^2/m) to its clipped update before encoding, so the sum carries std z*C, the
+same as central and accounted by the same ledger. The server view IS noised, but one
+upload carries only noise multiplier z/sqrt(m) relative to its sensitivity C (the
+weakest over the run is reported as `upload_noise_multiplier`); the ledger's epsilon
+is the guarantee of the aggregate. SelectiveShield's eq. 21 instead gives every client
+noise std z*C*sqrt(m), a per-upload multiplier z*sqrt(m), m times the noise on the sum.
+
+Not covered by the guarantee: anything an inner defense sends in the clear that is
+derived from the (clipped) updates during its negotiation, e.g. mask proposals.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from bench.defense import Defense, Party
+from bench.privacy import RdpLedger, noise_for_epsilon
+from bench.registry import DEFENSES
+from bench.wire import Payload, PlainPart, Upload
+
+
+def clip_update(update: dict[str, torch.Tensor], clip: float) -> tuple[dict[str, torch.Tensor], float]:
+    """Scale the whole update to L2 norm at most `clip`; returns the clipped update and the original norm."""
+    for name, t in update.items():
+        if not t.is_floating_point():
+            raise ValueError(f"dp: update entry '{name}' is {t.dtype}; only floating entries can be clipped and noised")
+    norm = math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in update.values()))
+    scale = min(1.0, clip / norm) if norm > 0 else 1.0
+    return {n: (t.detach().double() * scale).to(t.dtype) for n, t in update.items()}, norm
+
+
+def _rng(fed, party: Party) -> np.random.Generator:
+    """Each party draws its noise from its own stream, seeded per run, apart from the engine's sampling stream."""
+    if "dp_rng" not in party.state:
+        party.state["dp_rng"] = np.random.default_rng([fed.scenario.seed, 0xD9, zlib.crc32(party.name.encode())])
+    return party.state["dp_rng"]
+
+
+@DEFENSES.register("dp-fedavg", "user-level DP-FedAvg, central noise: clip on clients, server adds "
+                   "N(0, (zC/W)^2) to the sum / W (server sees clipped, un-noised uploads)")
+class DPFedAvg(Defense):
+    """Central user-level DP-FedAvg: client clipping, uniform average, server-side Gaussian noise."""
+
+    local_noise: ClassVar[bool] = False
+
+    def __init__(self, noise_multiplier: float | None = None, target_epsilon: float | None = None,
+                 clip: float = 1.0, inner: str = "plaintext", inner_params: dict | None = None) -> None:
+        super().__init__(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, clip=clip, inner=inner,
+                         inner_params=inner_params)
+        if (noise_multiplier is None) == (target_epsilon is None):
+            raise ValueError("dp-fedavg: give exactly one of noise_multiplier or target_epsilon")
+        if noise_multiplier is not None and not noise_multiplier > 0:
+            raise ValueError(f"dp-fedavg: noise_multiplier must be > 0 (clipping alone is not DP), "
+                             f"got {noise_multiplier}")
+        if target_epsilon is not None and not target_epsilon > 0:
+            raise ValueError(f"dp-fedavg: target_epsilon must be > 0, got {target_epsilon}")
+        if not clip > 0:
+            raise ValueError(f"dp-fedavg: clip must be > 0, got {clip}")
+        inner_cls = DEFENSES.get(inner)
+        if isinstance(inner_cls, type) and issubclass(inner_cls, DPFedAvg):
+            raise ValueError(f"dp-fedavg: inner defense '{inner}' is itself DP; wrap a non-DP defense")
+        self.inner: Defense = inner_cls(**(inner_params or {}))
+        self.key_topology = self.inner.key_topology
+        self.clip = float(clip)
+        self.ledger: RdpLedger | None = None
+        self._sampled = 0          # clients in the current round
+        self._most = 0             # most clients in any round: the weakest per-upload noise
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def setup(self, fed) -> None:
+        sc = fed.scenario
+        q = sc.clients_per_round / sc.num_clients
+        z = self.params["noise_multiplier"]
+        if z is None:
+            z = noise_for_epsilon(self.params["target_epsilon"], sc.delta, q, sc.rounds)
+        self.ledger = RdpLedger(z, q)
+        self.inner.setup(fed)
+
+    def round_start(self, fed, round: int, clients: list, updates: dict[str, dict[str, torch.Tensor]]) -> None:
+        sc = fed.scenario
+        if not math.isclose(sc.clients_per_round / sc.num_clients, self.ledger.sample_rate):
+            raise RuntimeError(f"dp: the scenario samples q={sc.clients_per_round}/{sc.num_clients}, "
+                               f"the ledger accounts q={self.ledger.sample_rate}")
+        if sc.sampling == "fixed" and len(clients) != sc.clients_per_round:
+            raise RuntimeError(f"dp: round {round} sampled {len(clients)} clients under fixed-size sampling, "
+                               f"the ledger accounts {sc.clients_per_round} of {sc.num_clients}")
+        self._sampled = len(clients)
+        self._most = max(self._most, len(clients))
+        self.ledger.step()
+        # the inner negotiation sees what will be encoded: clipped (not yet noised) updates
+        self.inner.round_start(fed, round, clients, {n: clip_update(u, self.clip)[0] for n, u in updates.items()})
+
+    def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
+        clipped, _ = clip_update(update, self.clip)
+        if self.local_noise:
+            std = self._z(fed) * self.clip / math.sqrt(self._sampled)
+            rng = _rng(fed, client.party)
+            clipped = {n: t + torch.from_numpy(rng.normal(0.0, std, tuple(t.shape))).to(t.dtype)
+                       for n, t in clipped.items()}
+        return self.inner.encode(fed, client, clipped, 1.0 / fed.scenario.clients_per_round)
+
+    def aggregate(self, fed, uploads: list[Upload], server: Party) -> Payload:
+        fixed = [replace(up, weight=1.0 / fed.scenario.clients_per_round) for up in uploads]
+        aggregate = self.inner.aggregate(fed, fixed, server)
+        if self.local_noise:
+            return aggregate
+        std, rng = self._z(fed) * self.clip / fed.scenario.clients_per_round, _rng(fed, server)
+        plain = {}
+        for name, part in aggregate.plain.items():
+            values = part.values().astype(np.float64) + rng.normal(0.0, std, part.values().shape)
+            plain[name] = PlainPart(values.astype("<f4").tobytes(), part.shape, part.mask)
+        return replace(aggregate, plain=plain)
+
+    def decoder(self, fed) -> Party:
+        return self.inner.decoder(fed)
+
+    def decode(self, fed, aggregate: Payload, party: Party) -> dict[str, torch.Tensor]:
+        update = self.inner.decode(fed, aggregate, party)
+        if self.local_noise or not aggregate.cipher:
+            return update
+        # ciphertext positions: the server could not noise them, so the decoding party does
+        std, rng = self._z(fed) * self.clip / fed.scenario.clients_per_round, _rng(fed, party)
+        flat = {n: t.detach().reshape(-1).double().clone() for n, t in update.items()}
+        for part in aggregate.cipher:
+            for name, mask in part.layout:
+                mask = np.asarray(mask, bool).reshape(-1)
+                flat[name][torch.from_numpy(mask)] += torch.from_numpy(rng.normal(0.0, std, int(mask.sum())))
+        return {n: flat[n].to(update[n].dtype).reshape(update[n].shape) for n in update}
+
+    def merge(self, fed, client, global_update: dict[str, torch.Tensor]) -> None:
+        self.inner.merge(fed, client, global_update)
+
+    def run_metrics(self, fed) -> dict[str, Any]:
+        delta = fed.scenario.delta
+        z = self.ledger.noise_multiplier
+        upload_z = z / math.sqrt(max(self._most, 1)) if self.local_noise else 0.0
+        details = self.ledger.describe(delta, fed.scenario.sampling) | {
+            "noise": "client-side, distributed" if self.local_noise else "central, added after aggregation",
+            "aggregation": f"sum / {fed.scenario.clients_per_round} (clients_per_round)", "inner": self.params["inner"],
+            "target_epsilon": self.params["target_epsilon"]}
+        return dict(self.inner.run_metrics(fed)) | {
+            "epsilon": self.ledger.epsilon(delta), "noise_multiplier": z, "clip": self.clip,
+            "upload_noise_multiplier": upload_z, "dp": details}
+
+    # -- noise ---------------------------------------------------------------------------------
+    def _z(self, fed) -> float:
+        """The noise multiplier every noise draw uses: the ledger's, and only for a round it has accounted."""
+        if self.ledger is None or self.ledger.steps != fed.round + 1:
+            raise RuntimeError(f"dp: noise requested in round {fed.round} but the ledger accounted "
+                               f"{0 if self.ledger is None else self.ledger.steps} rounds")
+        return self.ledger.noise_multiplier
+
+
+@DEFENSES.register("dp-fedavg-local", "user-level DP-FedAvg, distributed noise: each client adds "
+                   "N(0, (zC)^2/m) to its clipped update (server sees noised uploads)")
+class DPFedAvgLocal(DPFedAvg):
+    """DP-FedAvg whose noise is added by the clients before upload, so the server view is noised."""
+
+    local_noise = True
