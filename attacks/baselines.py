@@ -1,0 +1,40 @@
+"""Reference rows for the label leaderboard: the iDLG-extended rule and a random guess.
+
+iDLG-extended (the iLRG paper's comparison baseline) marks every class whose weight-gradient
+row sums to a negative value as present, once; it reads only the head's weight gradient
+and reconstructs no images. The random guess draws the K labels uniformly from the C
+classes: it uses no upload at all, so whatever it scores is the floor any attack must
+beat. Beside iLRG it shows how much of LeAcc/LnAcc true negatives give away when K << C.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attacks.idlg import idlg_labels
+from bench.attack import Attack, Reconstruction, head_blocked
+from bench.registry import ATTACKS
+from bench.view import Knowledge, ServerView
+
+
+@ATTACKS.register("idlg-extended", "iDLG-extended label rule: classes with a negative weight-gradient row sum")
+class IDLGExtended(Attack):
+    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
+        return head_blocked(view, knowledge, need_bias=False)
+
+    def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
+        grad_w = knowledge.gradient(view, knowledge.head[0])
+        counts, labels = idlg_labels(grad_w.reshape(grad_w.shape[0], -1), knowledge.batch_size)
+        return Reconstruction(label_counts=counts, labels=labels)
+
+
+@ATTACKS.register("random-guess", "K labels drawn uniformly at random: the floor of the label metrics")
+class RandomGuess(Attack):
+    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
+        if knowledge.task != "classification":
+            return f"guesses class labels, this scenario is {knowledge.task}"
+        return None
+
+    def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
+        labels = np.random.default_rng(seed).integers(0, knowledge.num_classes, size=knowledge.batch_size)
+        return Reconstruction(label_counts=np.bincount(labels, minlength=knowledge.num_classes),
+                              labels=[int(c) for c in labels])
