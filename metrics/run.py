@@ -31,5 +31,8 @@ metric("attack_s", "s", None, "cost", "attack wall time per attacked upload", fm
 
 for _name, _desc in (("encrypted_fraction", "fraction of update entries actually encrypted (after union/consensus)"),
                      ("head_weight_encrypted", "fraction of the classifier head's weight entries encrypted"),
-                     ("head_bias_encrypted", "fraction of the classifier head's bias entries encrypted")):
+                     ("head_bias_encrypted", "fraction of the classifier head's bias entries encrypted"),
+                     ("enc_fraction", "SelectiveShield: fraction of a client's update in the encrypted zone"),
+                     ("pers_fraction", "SelectiveShield: fraction kept local in the personalized zone"),
+                     ("noise_fraction", "SelectiveShield: fraction in the DP-noised plaintext zone")):
     metric(_name, "", None, "cost", _desc, fmt="{:.3f}", per_target=False)(run_value(_name))

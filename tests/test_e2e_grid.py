@@ -15,6 +15,7 @@ GRID_DEFENSES = [
     ("selective", {"rule": "random", "ratio": 0.2}),
     ("dp-fedavg", {"noise_multiplier": 1.0}),
     ("dp-fedavg-local", {"noise_multiplier": 1.0}),
+    ("selectiveshield", {"noise_multiplier": 1.0}),
 ]
 GRID_ATTACKS = [
     ("idlg", {"steps": 3}),
