@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, Generic, Iterator, TypeVar
@@ -81,11 +82,11 @@ class Registry(Generic[T]):
         return name in self._entries
 
     def load_entry_points(self) -> None:
+        """Objects are added under the entry point's name; a module entry point registers its own."""
         for ep in entry_points(group=self.group):
             obj = ep.load()
-            if ep.name not in self._entries:  # a module entry point registers itself
-                if callable(obj) or not hasattr(obj, "__file__"):
-                    self.add(ep.name, obj)
+            if ep.name not in self._entries and not inspect.ismodule(obj):
+                self.add(ep.name, obj)
 
 
 DATASETS: Registry[Any] = Registry("datasets")

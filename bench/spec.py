@@ -251,16 +251,18 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
     defenses = _components(data["defenses"], "defense", DEFENSES, where)
     attacks = _components(data["attacks"], "attack", ATTACKS, where)
     cells = []
-    for scenario, table in scenarios:  # a scenario may narrow the grid to some defenses/attacks by name
+    for scenario, table in scenarios:  # a scenario may narrow the grid by name or by full label "name(k=v, ...)"
         only_d = table.get("defenses")
         only_a = table.get("attacks")
         for d in defenses:
-            if only_d is not None and d.name not in only_d:
+            if only_d is not None and d.name not in only_d and d.label not in only_d:
                 continue
             for a in attacks:
-                if only_a is not None and a.name not in only_a:
+                if only_a is not None and a.name not in only_a and a.label not in only_a:
                     continue
-                cells.append(Cell(name, scenario, d, a))
+                cell = Cell(name, scenario, d, a)
+                if cell not in cells:  # overlapping sweeps name the same cell once
+                    cells.append(cell)
     from leaderboards.figures import check_figure
     figures = tuple(data.get("figures", []))
     for i, fig in enumerate(figures):

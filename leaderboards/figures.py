@@ -9,6 +9,7 @@ A suite TOML may list figures:
     hue = "rule"           # optional
     attack = "ilrg"        # optional filter on the attack name
     scenario = "..."       # optional filter on the scenario name
+    where = { rho = 0.5 }  # optional filter on metrics or parameters
     logx = true            # optional
 
 Figures are drawn from stored records only, into PNGs without metadata (deterministic).
@@ -18,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-FIGURE_KEYS = {"title", "x", "y", "hue", "attack", "scenario", "defense", "logx", "logy"}
+FIGURE_KEYS = {"title", "x", "y", "hue", "attack", "scenario", "defense", "where", "logx", "logy"}
 
 
 def check_figure(spec: dict[str, Any]) -> None:
@@ -38,6 +39,8 @@ def draw(spec: dict[str, Any], records: list[dict[str, Any]], path: Path) -> boo
     rows = []
     for rec in records:
         if rec["status"] != "ok" or any(spec.get(k) and rec[k] != spec[k] for k in ("attack", "scenario", "defense")):
+            continue
+        if any(lookup(rec, k) != v for k, v in spec.get("where", {}).items()):
             continue
         x, y = lookup(rec, spec["x"]), lookup(rec, spec["y"])
         if isinstance(x, (int, float)) and isinstance(y, (int, float)):
