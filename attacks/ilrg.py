@@ -119,7 +119,8 @@ class ILRG(Attack):
         self.alpha, self.estimate, self.max_gain = float(alpha), bool(estimate), float(max_gain)
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
-        reason = head_blocked(view, knowledge, need_bias=True)
+        """A hidden head does not block: the attack runs on what it sees and scores what it gets."""
+        reason = head_blocked(view, knowledge, need_bias=True, need_visible_head=False)
         if reason:
             return reason
         weight, bias = knowledge.head

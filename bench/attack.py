@@ -37,14 +37,18 @@ class Attack(Configurable, ABC):
         """Reconstruct what the view reveals; only visible entries may be used."""
 
 
-def head_blocked(view: ServerView, knowledge: Knowledge, need_bias: bool = True) -> str | None:
-    """Shared need of label attacks: a classification task and a visible classifier head."""
+def head_blocked(view: ServerView, knowledge: Knowledge, need_bias: bool = True,
+                 need_visible_head: bool = True) -> str | None:
+    """Shared needs of label attacks: a non-empty view, a classification task, a classifier head
+    (with bias if asked) and, unless the attack can run on what else it sees, some visible head entry."""
+    if view.visible_fraction() == 0.0:
+        return "the server view is empty: every entry is encrypted or kept local"
     if knowledge.task != "classification":
         return f"needs a classification task, this scenario is {knowledge.task}"
     weight, bias = knowledge.head
     if need_bias and bias is None:
         return "needs a final linear layer with bias"
     names = [weight] + ([bias] if need_bias else [])
-    if all(not view.visible[n].any() for n in names):
+    if need_visible_head and all(not view.visible[n].any() for n in names):
         return "the classifier head is entirely hidden from the server"
     return None

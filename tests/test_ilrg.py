@@ -84,14 +84,47 @@ def test_estimate_ablation_and_unguarded_ratio_run(digits):
         assert rec.label_counts.sum() <= 2 * knowledge.batch_size
 
 
-def test_hidden_head_is_blocked(digits):
+def test_hidden_head_runs_and_recovers_nothing(digits):
     view, knowledge, _ = fedsgd_target(digits, "mlp", *batch(digits, 8, 0))
     hidden = head_masks(view, knowledge, torch.zeros(10, dtype=torch.bool))
     view, knowledge, _ = fedsgd_target(digits, "mlp", *batch(digits, 8, 0), masks=hidden)
-    reason = ILRG().blocked(view, knowledge)
-    assert reason and "hidden" in reason
-    assert IDLGExtended().blocked(view, knowledge)
+    assert ILRG().blocked(view, knowledge) is None
+    assert ILRG().run(view, knowledge, seed=0).label_counts.sum() == 0
+    assert "hidden" in IDLGExtended().blocked(view, knowledge)
     assert RandomGuess().blocked(view, knowledge) is None
+
+
+def test_ilrg_is_blocked_under_full_he_and_falls_to_the_reference_row_when_the_head_is_hidden():
+    from bench.registry import DEFENSES
+    from bench.runner import run_group
+    from tests.conftest import tiny_suite
+
+    selective = DEFENSES.get("selective")
+
+    class HideHead(selective):
+        """Test-only: encrypts exactly the classifier head."""
+
+        def global_mask(self, fed):
+            from bench.models import classifier_head
+            head = set(n for n in classifier_head(fed.model) if n)
+            return {n: np.full(int(np.prod(s)), n in head) for n, s in fed.shapes.items()}
+
+    DEFENSES.add("hide-head-test", HideHead)
+    try:
+        suite = tiny_suite(["fedhe-full", "hide-head-test", "plaintext"], ["ilrg", "random-guess"],
+                           attack_batch_size=8, attack_repeats=4)
+        groups = {}
+        for cell in suite.cells:
+            groups.setdefault(cell.group_key, []).append(cell)
+        records = {(r["defense"], r["attack"]): r for cells in groups.values() for r in run_group(cells, None)}
+    finally:
+        DEFENSES._entries.pop("hide-head-test", None)
+    assert records[("fedhe-full", "ilrg")]["status"] == "blocked"
+    hidden, reference = records[("hide-head-test", "ilrg")], records[("plaintext", "random-guess")]
+    assert hidden["status"] == "ok" and records[("plaintext", "ilrg")]["metrics"]["lnacc"] == 1.0
+    assert hidden["metrics"]["irec"] == 0.0 and hidden["metrics"]["label_f1"] == 0.0
+    assert hidden["metrics"]["leacc"] <= reference["metrics"]["leacc"] + 0.1
+    assert hidden["metrics"]["lnacc"] <= reference["metrics"]["lnacc"] + 0.1
 
 
 def test_other_blocking_reasons(digits):
