@@ -213,6 +213,61 @@ def _knowledge(fed: Federation, known: dict[str, torch.Tensor]) -> Knowledge:
                      build_model=fed.new_model)
 
 
+def _train(fed: Federation, sampled: list[Client], round: int) -> dict[str, list[tuple]]:
+    """Each sampled client's update(s): (x, y, update, attacked); the attacked client's are FedSGD batches."""
+    sc = fed.scenario
+    trained: dict[str, list[tuple]] = {}
+    for client in sampled:
+        gen = torch.Generator().manual_seed(sc.seed * 100_003 + round * 1_009 + client.index)
+        attacked = round == sc.attack_round and client.index == sc.attack_client
+        trained[client.name] = []
+        for _ in range(sc.attack_repeats if attacked else 1):
+            if attacked:
+                idx = torch.randperm(client.num_samples, generator=gen)[:sc.attack_batch_size]
+                x, y, mode = client.x[idx], client.y[idx], sc.attack_update
+            else:
+                x, y, mode = client.x, client.y, "delta"
+            trained[client.name].append((x, y, local_update(fed, client, x, y, mode, gen), attacked))
+    return trained
+
+
+def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, knowledge,
+            targets: list[Target]) -> list[Upload]:
+    """Encode every update; keep the attacked ones as targets; only each client's first is aggregated."""
+    total = sum(c.num_samples for c in sampled)
+    uploads = []
+    for client in sampled:
+        weight = client.num_samples / total
+        for rep, (x, y, update, attacked) in enumerate(trained[client.name]):
+            upload = Upload(client.name, fed.round, weight, defense.encode(fed, client, update, weight))
+            if attacked:
+                told = y.tolist() if fed.scenario.labels_known else None
+                targets.append(Target(ServerView.of(upload, fed.shapes), Truth(x, y, update),
+                                      replace(knowledge, labels=told)))
+            if rep == 0:
+                fed.send(client.name, "server", "upload", upload.payload)
+                fed.observe(upload)
+                uploads.append(upload)
+    return uploads
+
+
+def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads: list[Upload],
+               known: dict[str, torch.Tensor]) -> None:
+    """Server aggregation, decoding, the new global model, and what the server now knows of it."""
+    aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
+    decoder = defense.decoder(fed)
+    if decoder.name == "key-server":
+        fed.send("server", "key-server", "aggregate", aggregate)
+    update = defense.decode(fed, aggregate, decoder)
+    _broadcast(fed, sampled, aggregate, update, decoder)
+    learned = _server_learns(aggregate, decoder, fed.shapes)
+    _set_entries(fed.model, {n: fed.params()[n] + update[n] for n in fed.names})
+    for n in fed.names:
+        known[n] &= learned[n]
+    for client in sampled:
+        defense.merge(fed, client, update)
+
+
 def run_federation(scenario: Scenario, data, defense: Defense, progress: Callable[[str], None] | None = None,
                    fed: Federation | None = None) -> FederationRun:
     start = time.perf_counter()
@@ -225,49 +280,12 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
     for r in range(scenario.rounds):
         fed.round = r
         sampled = _sample(fed, r)
-        total = sum(c.num_samples for c in sampled)
-        trained: dict[str, list[tuple]] = {}
-        for client in sampled:
-            gen = torch.Generator().manual_seed(scenario.seed * 100_003 + r * 1_009 + client.index)
-            attacked = r == scenario.attack_round and client.index == scenario.attack_client
-            if attacked:
-                knowledge = _knowledge(fed, known)
-            trained[client.name] = []
-            for _ in range(scenario.attack_repeats if attacked else 1):
-                if attacked:
-                    idx = torch.randperm(client.num_samples, generator=gen)[:scenario.attack_batch_size]
-                    x, y, mode = client.x[idx], client.y[idx], scenario.attack_update
-                else:
-                    x, y, mode = client.x, client.y, "delta"
-                trained[client.name].append((x, y, local_update(fed, client, x, y, mode, gen), attacked))
+        if r == scenario.attack_round:
+            knowledge = _knowledge(fed, known)
+        trained = _train(fed, sampled, r)
         defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
-        uploads = []
-        for client in sampled:
-            weight = client.num_samples / total
-            for rep, (x, y, update, attacked) in enumerate(trained[client.name]):
-                upload = Upload(client.name, r, weight, defense.encode(fed, client, update, weight))
-                if attacked:
-                    told = y.tolist() if scenario.labels_known else None
-                    targets.append(Target(ServerView.of(upload, fed.shapes), Truth(x, y, update),
-                                          replace(knowledge, labels=told)))
-                if rep == 0:
-                    fed.send(client.name, "server", "upload", upload.payload)
-                    fed.observe(upload)
-                    uploads.append(upload)
-        aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
-        decoder = defense.decoder(fed)
-        if decoder.name == "key-server":
-            fed.send("server", "key-server", "aggregate", aggregate)
-        update = defense.decode(fed, aggregate, decoder)
-        _broadcast(fed, sampled, aggregate, update, decoder)
-        learned = _server_learns(aggregate, decoder, fed.shapes)
-        with torch.no_grad():
-            new = {n: fed.params()[n] + update[n] for n in fed.names}
-        _set_entries(fed.model, new)
-        for n in fed.names:
-            known[n] &= learned[n]
-        for client in sampled:
-            defense.merge(fed, client, update)
+        uploads = _upload(fed, defense, sampled, trained, knowledge, targets)
+        _aggregate(fed, defense, sampled, uploads, known)
         if progress:
             progress(f"round {r + 1}/{scenario.rounds}")
     measured = _run_metrics(fed, defense, time.perf_counter() - start)
