@@ -101,12 +101,14 @@ def _plot(records: list[dict[str, Any]], path: Path) -> str | None:
     import seaborn as sns
 
     frame = pd.DataFrame(points)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    sns.scatterplot(data=frame, x="upload_bytes", y="privacy", hue="defense", style="metric", s=80, ax=ax)
+    metrics = frame["metric"].unique()
+    fig, ax = plt.subplots(figsize=(9, max(3.6, 0.2 * frame["defense"].nunique() + 1)))
+    sns.scatterplot(data=frame, x="upload_bytes", y="privacy", hue="defense",
+                    style="metric" if len(metrics) > 1 else None, s=70, ax=ax)
     ax.set_xscale("log")
     ax.set_xlabel("upload bytes per client per round (log)")
-    ax.set_ylabel("leakage (see legend)")
-    ax.legend(fontsize=7, loc="best")
+    ax.set_ylabel(metrics[0] if len(metrics) == 1 else "leakage (see legend)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90, metadata={"Software": None})
