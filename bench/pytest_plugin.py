@@ -42,7 +42,7 @@ class CellRunner:
     def run_cell(self, cell) -> dict:
         from bench.runner import failed, federate, score_cell
 
-        self.store.add_membership(cell.suite, [cell.cell_id])
+        self.store.add_member(cell.suite, cell.cell_id)
         try:
             if cell.group_key not in self._runs:
                 self._runs[cell.group_key] = federate(cell, self.data_root)

@@ -154,7 +154,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
               progress: Callable[..., Any] | None = None) -> RunSummary:
     out = Path(out_dir)
     store = Store(out / "leakbench.sqlite")
-    store.add_membership(suite.name, [c.cell_id for c in suite.cells], suite.page_info())
+    store.set_membership(suite.name, [c.cell_id for c in suite.cells], suite.page_info())
     todo = [c for c in suite.cells if not store.finished(c.cell_id)]
     counts = {"ok": 0, "blocked": 0, "failed": 0}
     bar = progress(total=len(todo), desc=f"suite {suite.name}", unit="cell") if progress else None

@@ -59,14 +59,23 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
-    def add_membership(self, suite: str, cell_ids: Iterable[str], info: dict[str, Any] | None = None) -> None:
-        """Record which cells make up a suite (and the suite's page info: notes, figures)."""
+    def set_membership(self, suite: str, cell_ids: Iterable[str], info: dict[str, Any] | None = None) -> None:
+        """The cells that make up a suite now (cells of its earlier versions stay stored but leave
+        its leaderboard), and the suite's page info: notes, figures."""
         with self._tx():
+            self._db.execute("DELETE FROM membership WHERE suite=?", (suite,))
             if info is not None:
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                  (f"suite:{suite}", json.dumps(info, sort_keys=True)))
             for pos, cid in enumerate(cell_ids):
                 self._db.execute("INSERT OR REPLACE INTO membership VALUES (?, ?, ?)", (suite, cid, pos))
+
+    def add_member(self, suite: str, cell_id: str) -> None:
+        """Append one cell to a suite (cells run one at a time, e.g. from pytest)."""
+        with self._tx():
+            row = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM membership WHERE suite=?",
+                                   (suite,)).fetchone()
+            self._db.execute("INSERT OR IGNORE INTO membership VALUES (?, ?, ?)", (suite, cell_id, row[0]))
 
     def finished(self, cell_id: str) -> bool:
         row = self._db.execute("SELECT status FROM cells WHERE cell_id=?", (cell_id,)).fetchone()
