@@ -36,3 +36,18 @@ for _name, _desc in (("encrypted_fraction", "fraction of update entries actually
                      ("pers_fraction", "SelectiveShield: fraction kept local in the personalized zone"),
                      ("noise_fraction", "SelectiveShield: fraction in the DP-noised plaintext zone")):
     metric(_name, "", None, "cost", _desc, fmt="{:.3f}", per_target=False)(run_value(_name))
+
+metric("ari", "", False, "utility", "SenseCrypt clustering: adjusted Rand index against the scenario's data categories",
+       per_target=False)(run_value("ari"))
+metric("silhouette", "", False, "utility", "SenseCrypt clustering: silhouette of the clusters on the sensitivity distances",
+       per_target=False)(run_value("silhouette"))
+metric("round_time_max_s", "s", True, "cost", "modelled round time: slowest client's protection time (scaled by its CPU "
+       "share) plus upload over its bandwidth", per_target=False, timing=True)(run_value("round_time_max_s"))
+metric("round_time_mean_s", "s", True, "cost", "modelled client time per round, mean over clients", per_target=False,
+       timing=True)(run_value("round_time_mean_s"))
+metric("mask_feasible_fraction", "", False, "privacy", "share of client masks meeting the security level and the MI "
+       "bound within the budget", per_target=False)(run_value("mask_feasible_fraction"))
+metric("accuracy_own_labels", "", False, "utility", "mean over clients of its model's test accuracy on its own label "
+       "distribution", per_target=False)(run_value("accuracy_own_labels"))
+metric("pruned_fraction", "", None, "cost", "mean fraction of update entries left off the wire per round (DictPFL "
+       "encryption-aware pruning)", per_target=False)(run_value("pruned_fraction"))

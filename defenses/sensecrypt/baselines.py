@@ -1,0 +1,147 @@
+"""The paper's comparison methods on the same footing as SenseCrypt: Paillier, key server, the round-time model.
+
+paillier-full   "Baseline" of section 4.1: every entry Paillier-encrypted (python-paillier per
+                parameter), plain FedAvg over all clients, decrypted by the key server.
+maskcrypt-paillier  MaskCrypt's masks (defenses/maskcrypt.py: gradient-guided proposals, ordered
+                union) with the paper's Paillier backend and key server. `union_cap` truncates the
+                round-robin union to a fraction of the entries (it keeps every client's best
+                proposals first): the paper's fairness setting of equal mask sizes, not Plato's.
+Both take the device profiles of SenseCrypt (`heterogeneity`, `bandwidths`, `cpus`) and report
+round_time_max_s / round_time_mean_s from the same model. Settings that belong to a scenario
+(`heterogeneity`, `bandwidths`, `cpus`, `union_cap`) may be tables keyed by scenario name.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from bench.configurable import Configurable
+from bench.defense import Defense, hybrid_payload
+from bench.keys import provision
+from bench.registry import DEFENSES
+from bench.wire import Payload
+from defenses.maskcrypt import MaskCrypt, round_robin_union
+from defenses.sensecrypt.evaluation import own_label_accuracy
+from defenses.sensecrypt.profiles import RoundClock, check_heterogeneity, choices, device_profiles, for_scenario
+
+
+class _Timed:
+    """Device profiles, the Paillier key from the key server, and the round clock."""
+
+    def _start(self, fed, key_bits: int) -> None:
+        self.key = provision(fed, "key-server", scheme="paillier", key_bits=key_bits)
+        fed.parties["server"].state["he_params"] = self.key.params
+        r, v = device_profiles(fed, self.heterogeneity, self.bandwidths, self.cpus)
+        for client in fed.clients:
+            fed.send(client.name, "server", "device profile (r_i, v_i)", 16)
+        self.clock = RoundClock(r, v)
+
+    def _timed_encode(self, fed, client, make) -> Payload:
+        started = time.perf_counter()
+        payload = make()
+        self.clock.charge(fed.round, client.index, time.perf_counter() - started)
+        self.clock.upload(fed.round, client.index, payload.nbytes)
+        return payload
+
+    def _metrics(self, fed) -> dict:
+        own = own_label_accuracy(fed)
+        details = {"key_bits": self.key.params["key_bits"],
+                   "test_only_key_size": bool(self.key.params["test_only_key_size"]),
+                   "round_time": self.clock.details(), "accuracy_own_labels": own}
+        out = {"he_params": dict(self.key.params), **self.clock.summary(), "paillier_baseline": details}
+        if own is not None:
+            out["accuracy_own_labels"] = own["global"]
+        return out
+
+
+def _check(key_bits: int, heterogeneity: str, bandwidths, cpus) -> None:
+    if key_bits < 512 or key_bits % 8:
+        raise ValueError(f"key_bits must be a multiple of 8 and >= 512 (2048 outside tests), got {key_bits}")
+    check_heterogeneity(heterogeneity, bandwidths, cpus)
+
+
+@DEFENSES.register("paillier-full", "every entry Paillier-encrypted, FedAvg under HE, key server decrypts")
+class PaillierFull(_Timed, Defense):
+    key_topology = "key-server"
+
+    def __init__(self, key_bits: int = 2048, heterogeneity: str | dict = "none",
+                 bandwidths: list[float] | dict | None = None, cpus: list[float] | dict | None = None) -> None:
+        _check(key_bits, heterogeneity, bandwidths, cpus)
+        super().__init__(key_bits=key_bits, heterogeneity=heterogeneity, bandwidths=bandwidths, cpus=cpus)
+        self.key_bits, self.heterogeneity, self.bandwidths, self.cpus = key_bits, heterogeneity, bandwidths, cpus
+
+    def setup(self, fed) -> None:
+        self._start(fed, self.key_bits)
+        self.everything = {n: np.ones(int(np.prod(s)) if s else 1, bool) for n, s in fed.shapes.items()}
+
+    def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
+        return self._timed_encode(fed, client, lambda: hybrid_payload(fed, client, update, weight, self.everything,
+                                                                      scheme="paillier"))
+
+    def run_metrics(self, fed) -> dict:
+        return self._metrics(fed)
+
+
+@DEFENSES.register("maskcrypt-paillier", "MaskCrypt masks with per-parameter Paillier and a key server "
+                                         "(the paper's MaskCrypt baseline); optional union_cap")
+class MaskCryptPaillier(_Timed, MaskCrypt):
+    key_topology = "key-server"
+
+    def __init__(self, rho: float | None = None, union_cap: float | dict | None = None, random_mask: bool = False,
+                 key_bits: int = 2048, heterogeneity: str | dict = "none", bandwidths: list[float] | dict | None = None,
+                 cpus: list[float] | dict | None = None) -> None:
+        _check(key_bits, heterogeneity, bandwidths, cpus)
+        for cap in choices(union_cap):
+            if cap is not None and not 0.0 < cap <= 1.0:
+                raise ValueError(f"union_cap must be in (0, 1], got {cap}")
+        MaskCrypt.__init__(self, rho=rho, random_mask=random_mask, keys="key-server")
+        Configurable.__init__(self, rho=rho, union_cap=union_cap, random_mask=random_mask, key_bits=key_bits,
+                              heterogeneity=heterogeneity, bandwidths=bandwidths, cpus=cpus)
+        self.union_cap, self.key_bits = union_cap, key_bits
+        self.heterogeneity, self.bandwidths, self.cpus = heterogeneity, bandwidths, cpus
+
+    def setup(self, fed) -> None:
+        self._start(fed, self.key_bits)
+        self.cap = for_scenario(self.union_cap, fed, "union_cap")
+        if self.rho is None:
+            self.rho = 0.10 if fed.data.input_shape[0] == 3 else 0.05
+        self.sizes = [int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1 for n in fed.names]
+
+    def round_start(self, fed, round: int, clients: list, updates: dict) -> None:
+        """MaskCrypt's consensus, with each proposal's cost charged to its client and the optional cap."""
+        proposals = []
+        for client in clients:
+            started = time.perf_counter()
+            proposal = self._proposal(fed, client, updates[client.name])
+            self.clock.charge(round, client.index, time.perf_counter() - started)
+            fed.send(client.name, "server", "mask proposal", proposal.astype("<i4").tobytes())
+            proposals.append(proposal)
+        union = round_robin_union(proposals)
+        if self.cap is not None:
+            union = union[:max(1, int(round_half(self.cap * sum(self.sizes))))]
+        self.indices = union.astype("<i4").tobytes()
+        for client in clients:
+            fed.send("server", client.name, "mask consensus", self.indices)
+        flat = np.zeros(sum(self.sizes), bool)
+        flat[union] = True
+        self.mask = dict(zip(fed.names, np.split(flat, np.cumsum(self.sizes)[:-1])))
+        for client in clients:  # the server's estimate holds this round's plaintext entries
+            latest = client.party.state.pop("latest", None)
+            if latest is not None:
+                exposed = client.party.state.get("exposed", np.zeros(flat.size))
+                client.party.state["exposed"] = np.where(flat, exposed, latest)
+
+    def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
+        def make() -> Payload:
+            payload = hybrid_payload(fed, client, update, weight, self.mask, scheme="paillier")
+            return Payload(plain=payload.plain, cipher=payload.cipher, meta={"indices": self.indices})
+        return self._timed_encode(fed, client, make)
+
+    def run_metrics(self, fed) -> dict:
+        return self._metrics(fed)
+
+
+def round_half(x: float) -> float:
+    return float(np.floor(x + 0.5))

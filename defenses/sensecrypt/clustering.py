@@ -1,0 +1,107 @@
+"""Sensitivity (eq. 2), its optional DP noising (Algorithm 2) and Affinity Propagation clustering (section 3.1).
+
+Sensitivity is per entry, Gamma = |w * dL/dw|, at the client's trained model with the
+gradient of its whole local data (buffers score 0). The server compares clients by the
+Euclidean distance of their vectors, so AP gets similarities -||Gamma_i - Gamma_j||
+(precomputed; sklearn's own `euclidean` affinity would square them) with sklearn's default
+preference, the median similarity, unless told otherwise: the paper names none.
+
+DP (Algorithm 2): clip to L2 norm G, add N(0, sigma^2 G^2 I) with the Gaussian-mechanism
+sigma = sqrt(2 ln(1.25/delta)) / epsilon. G is an input the paper leaves open (`dp_clip`).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+
+PREFERENCES = ("median", "min")
+
+
+@torch.no_grad()
+def model_at(fed, values: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A fresh copy of the public architecture holding `values`."""
+    model = fed.new_model()
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    for n, v in values.items():
+        state[n].copy_(v)
+    return model
+
+
+def sensitivity(fed, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Flat |w * grad| over fed.names at `model` on (x, y)."""
+    grads = fed.gradient(x, y, model)
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    return np.concatenate([(state[n].detach() * grads[n]).abs().reshape(-1).double().numpy() for n in fed.names])
+
+
+def warm_model(fed, client, epochs: int, generator: torch.Generator) -> torch.nn.Module:
+    """Phase 1's W_i^1: `epochs` passes of local SGD from the global model (appendix E trains one iteration)."""
+    model = fed.new_model()
+    model.load_state_dict(fed.model.state_dict())
+    model.train()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=fed.scenario.lr)
+    for _ in range(epochs):
+        for batch in torch.randperm(client.num_samples, generator=generator).split(fed.scenario.batch_size):
+            opt.zero_grad()
+            fed.task.loss(model, client.x[batch], client.y[batch]).backward()
+            opt.step()
+    return model
+
+
+def dp_sigma(epsilon: float, delta: float) -> float:
+    return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+
+
+def dp_noise(gamma: np.ndarray, epsilon: float, delta: float, clip: float, rng: np.random.Generator) -> np.ndarray:
+    """Algorithm 2, client side: clip to norm `clip`, add Gaussian noise of std sigma * clip per entry."""
+    clipped = gamma / max(1.0, float(np.linalg.norm(gamma)) / clip)
+    return clipped + rng.normal(0.0, dp_sigma(epsilon, delta) * clip, size=gamma.shape)
+
+
+def distances(vectors: np.ndarray) -> np.ndarray:
+    diff = vectors[:, None, :] - vectors[None, :, :]
+    return np.sqrt((diff ** 2).sum(-1))
+
+
+def affinity_propagation(dist: np.ndarray, preference: str | float = "median",
+                         seed: int = 0) -> tuple[np.ndarray, bool]:
+    """Cluster labels 0..k-1 and whether AP converged; non-convergence leaves every client on its own."""
+    from sklearn.cluster import AffinityPropagation
+    from sklearn.exceptions import ConvergenceWarning
+
+    sim = -dist
+    off = sim[~np.eye(len(sim), dtype=bool)] if len(sim) > 1 else sim.reshape(-1)
+    pref = float(np.median(off)) if preference == "median" else float(off.min()) if preference == "min" \
+        else float(preference)
+    if len(sim) == 1:
+        return np.zeros(1, int), True
+    for damping in (0.5, 0.9):  # sklearn's default first; heavier damping if it oscillates
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConvergenceWarning)
+            try:
+                ap = AffinityPropagation(affinity="precomputed", preference=pref, damping=damping, max_iter=1000,
+                                         random_state=seed).fit(sim)
+            except ConvergenceWarning:
+                continue
+        if (ap.labels_ >= 0).all():
+            return _relabel(ap.labels_), True
+    return np.arange(len(sim)), False
+
+
+def _relabel(labels: np.ndarray) -> np.ndarray:
+    """Cluster ids in order of first appearance, so the same partition always has the same ids."""
+    ids: dict[int, int] = {}
+    return np.array([ids.setdefault(int(v), len(ids)) for v in labels])
+
+
+def cluster_scores(dist: np.ndarray, labels: np.ndarray, truth: list[int] | None) -> dict:
+    """ARI against the ground-truth categories (None without them) and the silhouette (None if undefined)."""
+    from sklearn.metrics import adjusted_rand_score, silhouette_score
+
+    k = len(set(labels.tolist()))
+    sil = float(silhouette_score(dist, labels, metric="precomputed")) if 1 < k < len(labels) else None
+    ari = float(adjusted_rand_score(truth, labels)) if truth is not None else None
+    return {"ari": ari, "silhouette": sil, "clusters": int(k)}
