@@ -11,6 +11,8 @@ A suite TOML may list figures:
     scenario = "..."       # optional filter on the scenario name
     where = { rho = 0.5 }  # optional filter on metrics or parameters
     logx = true            # optional
+    series = "pruned_fraction_by_round"   # optional: plot a per-round dict from the record's details;
+                                          # x and y then only title the axes
 
 Figures are drawn from stored records only, into PNGs without metadata (deterministic).
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-FIGURE_KEYS = {"title", "x", "y", "hue", "attack", "scenario", "defense", "where", "logx", "logy"}
+FIGURE_KEYS = {"title", "x", "y", "hue", "attack", "scenario", "defense", "where", "logx", "logy", "series"}
 
 
 def check_figure(spec: dict[str, Any]) -> None:
@@ -42,9 +44,14 @@ def draw(spec: dict[str, Any], records: list[dict[str, Any]], path: Path) -> boo
             continue
         if any(lookup(rec, k) != v for k, v in spec.get("where", {}).items()):
             continue
+        hue = str(lookup(rec, spec["hue"])) if spec.get("hue") else ""
+        if spec.get("series"):
+            for step, value in sorted(rec["details"].get(spec["series"], {}).items(), key=lambda kv: int(kv[0])):
+                rows.append({spec["x"]: int(step), spec["y"]: value, "hue": hue})
+            continue
         x, y = lookup(rec, spec["x"]), lookup(rec, spec["y"])
         if isinstance(x, (int, float)) and isinstance(y, (int, float)):
-            rows.append({spec["x"]: x, spec["y"]: y, "hue": str(lookup(rec, spec["hue"])) if spec.get("hue") else ""})
+            rows.append({spec["x"]: x, spec["y"]: y, "hue": hue})
     if not rows:
         return False
     import matplotlib
