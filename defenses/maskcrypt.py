@@ -74,12 +74,19 @@ class MaskCrypt(Defense):
         return np.argsort(-score, kind="stable")[:k]
 
     def round_start(self, fed, round: int, clients: list, updates: dict) -> None:
-        proposals = []
-        for client in clients:
-            proposal = self._proposal(fed, client, updates[client.name])
-            fed.send(client.name, "server", "mask proposal", proposal.astype("<i4").tobytes())
-            proposals.append(proposal)
-        union = round_robin_union(proposals)
+        proposals = [self._send_proposal(fed, round, c, updates[c.name]) for c in clients]
+        self._set_consensus(fed, clients, self._limit(round_robin_union(proposals)))
+
+    def _send_proposal(self, fed, round: int, client, update: dict[str, torch.Tensor]) -> np.ndarray:
+        proposal = self._proposal(fed, client, update)
+        fed.send(client.name, "server", "mask proposal", proposal.astype("<i4").tobytes())
+        return proposal
+
+    def _limit(self, union: np.ndarray) -> np.ndarray:
+        """Plato keeps the whole ordered union; variants may cap it."""
+        return union
+
+    def _set_consensus(self, fed, clients: list, union: np.ndarray) -> None:
         self.indices = union.astype("<i4").tobytes()
         for client in clients:
             fed.send("server", client.name, "mask consensus", self.indices)

@@ -109,29 +109,19 @@ class MaskCryptPaillier(_Timed, MaskCrypt):
             self.rho = 0.10 if fed.data.input_shape[0] == 3 else 0.05
         self.sizes = [int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1 for n in fed.names]
 
-    def round_start(self, fed, round: int, clients: list, updates: dict) -> None:
-        """MaskCrypt's consensus, with each proposal's cost charged to its client and the optional cap."""
-        proposals = []
-        for client in clients:
-            started = time.perf_counter()
-            proposal = self._proposal(fed, client, updates[client.name])
-            self.clock.charge(round, client.index, time.perf_counter() - started)
-            fed.send(client.name, "server", "mask proposal", proposal.astype("<i4").tobytes())
-            proposals.append(proposal)
-        union = round_robin_union(proposals)
-        if self.cap is not None:
-            union = union[:max(1, int(round_half(self.cap * sum(self.sizes))))]
-        self.indices = union.astype("<i4").tobytes()
-        for client in clients:
-            fed.send("server", client.name, "mask consensus", self.indices)
-        flat = np.zeros(sum(self.sizes), bool)
-        flat[union] = True
-        self.mask = dict(zip(fed.names, np.split(flat, np.cumsum(self.sizes)[:-1])))
-        for client in clients:  # the server's estimate holds this round's plaintext entries
-            latest = client.party.state.pop("latest", None)
-            if latest is not None:
-                exposed = client.party.state.get("exposed", np.zeros(flat.size))
-                client.party.state["exposed"] = np.where(flat, exposed, latest)
+    def _send_proposal(self, fed, round: int, client, update) -> np.ndarray:
+        """MaskCrypt's proposal, with its cost charged to its client's round time."""
+        started = time.perf_counter()
+        proposal = self._proposal(fed, client, update)
+        self.clock.charge(round, client.index, time.perf_counter() - started)
+        fed.send(client.name, "server", "mask proposal", proposal.astype("<i4").tobytes())
+        return proposal
+
+    def _limit(self, union: np.ndarray) -> np.ndarray:
+        """The paper's fairness rule: MaskCrypt's union capped to SenseCrypt's mask size."""
+        if self.cap is None:
+            return union
+        return union[:max(1, int(round_half(self.cap * sum(self.sizes))))]
 
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
         def make() -> Payload:
