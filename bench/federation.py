@@ -261,7 +261,8 @@ def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads
     update = defense.decode(fed, aggregate, decoder)
     _broadcast(fed, sampled, aggregate, update, decoder)
     learned = _server_learns(aggregate, decoder, fed.shapes)
-    _set_entries(fed.model, {n: fed.params()[n] + update[n] for n in fed.names})
+    current = fed.params()
+    _set_entries(fed.model, {n: current[n] + update[n] for n in fed.names})
     for n in fed.names:
         known[n] &= learned[n]
     for client in sampled:

@@ -61,7 +61,8 @@ class MaskCrypt(Defense):
         k = max(1, int(round(self.rho * total)))
         if self.random_mask:
             return fed.rng.choice(total, size=k, replace=False)
-        latest = {n: fed.params()[n] + update[n] for n in fed.names}
+        current = fed.params()
+        latest = {n: current[n] + update[n] for n in fed.names}
         model = fed.new_model()
         state = dict(model.named_parameters()) | dict(model.named_buffers())
         with torch.no_grad():
