@@ -25,3 +25,24 @@ def data_root():
     if not root:
         pytest.skip("needs the data root: set LEAKBENCH_DATA (CI sets ../shared/data)")
     return root
+
+
+def fedsgd_update(model, x, y, lr: float):
+    """(entries before, update) of one FedSGD step: -lr * grad for parameters, drift for BN buffers.
+
+    The model's entries are restored afterwards, so repeated calls attack the same global model."""
+    import torch
+
+    from bench.models import update_names
+    model.train()
+    names = update_names(model)
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    before = {n: state[n].detach().clone() for n in names}
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    update = {n: -lr * state[n].grad.detach().clone() if state[n].grad is not None
+              else state[n].detach() - before[n] for n in names}
+    with torch.no_grad():
+        for n in names:
+            state[n].copy_(before[n])
+    return before, update

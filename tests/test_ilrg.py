@@ -11,11 +11,12 @@ from attacks.baselines import IDLGExtended, RandomGuess
 from attacks.ilrg import ILRG
 from bench.datasets import load_dataset
 from bench.federation import Truth
-from bench.models import build_model, classifier_head, update_names
+from bench.models import build_model, classifier_head
 from bench.view import Knowledge, ServerView
 from bench.wire import Payload, PlainPart, Upload, dense_payload
 from metrics.labels import irec, label_f1, leacc, lnacc
 from metrics.schema import Evidence
+from tests.conftest import fedsgd_update
 
 LR = 0.1
 
@@ -29,14 +30,7 @@ def fedsgd_target(data, model_name: str, x, y, seed: int = 0, masks: dict | None
     """(view, knowledge, truth) of one FedSGD upload; `masks` hides entries of some parameters."""
     torch.manual_seed(seed)
     model = build_model(model_name, data)
-    model.train()
-    names = update_names(model)
-    state = dict(model.named_parameters()) | dict(model.named_buffers())
-    before = {n: state[n].detach().clone() for n in names}
-    model.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    update = {n: -LR * state[n].grad.detach().clone() if state[n].grad is not None
-              else state[n].detach() - before[n] for n in names}
+    before, update = fedsgd_update(model, x, y, LR)
     payload = dense_payload(update)
     if masks:
         payload = Payload(plain=payload.plain | {n: PlainPart.of(update[n], m) for n, m in masks.items()})

@@ -18,11 +18,12 @@ from attacks.baselines import IDLGExtended, RandomGuess
 from attacks.ilrg import ILRG
 from bench.datasets import load_dataset
 from bench.federation import Truth
-from bench.models import build_model, classifier_head, update_names
+from bench.models import build_model, classifier_head
 from bench.view import Knowledge, ServerView
 from bench.wire import Upload, dense_payload
 from metrics.labels import irec, label_f1, leacc, lnacc
 from metrics.schema import Evidence
+from tests.conftest import fedsgd_update
 
 LR = 0.1
 BATCHES = 10
@@ -37,17 +38,7 @@ def digits():
 
 def fedsgd_target(data, model: torch.nn.Module, model_name: str, x, y):
     """(view, knowledge, truth) of one plaintext FedSGD upload of `model` on (x, y)."""
-    model.train()
-    names = update_names(model)
-    state = dict(model.named_parameters()) | dict(model.named_buffers())
-    before = {n: state[n].detach().clone() for n in names}
-    model.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    update = {n: -LR * state[n].grad.detach().clone() if state[n].grad is not None
-              else state[n].detach() - before[n] for n in names}
-    with torch.no_grad():   # undo BN running-stat drift so every batch attacks the same global model
-        for n in names:
-            state[n].copy_(before[n])
+    before, update = fedsgd_update(model, x, y, LR)
     shapes = {n: tuple(t.shape) for n, t in update.items()}
     view = ServerView.of(Upload("client-0", 0, 1.0, dense_payload(update)), shapes)
     knowledge = Knowledge(task="classification", model_name=model_name, model_params={}, global_params=before,
