@@ -26,6 +26,7 @@ GRID_DEFENSES = [
 GRID_ATTACKS = [
     ("idlg", {"steps": 3}),
     ("ilrg", {}),
+    ("ilrg-guarded", {}),
     ("idlg-extended", {}),
     ("random-guess", {}),
 ]

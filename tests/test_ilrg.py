@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attacks.baselines import IDLGExtended, RandomGuess
-from attacks.ilrg import ILRG
+from attacks.ilrg import ILRG, ILRGGuarded, official_embeddings
 from bench.datasets import load_dataset
 from bench.federation import Truth
 from bench.models import build_model, classifier_head
@@ -72,10 +72,55 @@ def test_ilrg_recovers_every_count_at_batch_8(digits, model_name, seed):
 
 def test_estimate_ablation_and_unguarded_ratio_run(digits):
     view, knowledge, truth = fedsgd_target(digits, "mlp", *batch(digits, 8, 0))
-    for attack in (ILRG(estimate=True), ILRG(max_gain=0.0), ILRG(alpha=0.5)):
+    for attack in (ILRG(estimate=True), ILRGGuarded(max_gain=0.0), ILRGGuarded(), ILRG(alpha=0.5)):
         rec = attack.run(view, knowledge, seed=0)
         assert rec.label_counts.shape == (10,) and rec.label_counts.min() >= 0
         assert rec.label_counts.sum() <= 2 * knowledge.batch_size
+
+
+# Counts of the official algorithm on fixed batches (checked equal to the official code's get_emb,
+# post_process_emb and iLRG on the same gradients) and of the guarded variant, which is exact here.
+PINNED = {
+    ("mlp", 64, 4): ([3, 5, 11, 5, 7, 8, 6, 5, 5, 9], [4, 6, 8, 5, 7, 9, 6, 6, 5, 8]),
+    ("mlp", 128, 5): ([9, 9, 15, 12, 13, 12, 18, 13, 10, 17], [9, 8, 16, 12, 13, 10, 19, 14, 9, 18]),
+    ("lenet5-relu", 64, 4): ([4, 6, 8, 5, 7, 9, 6, 6, 5, 8], [4, 6, 8, 5, 7, 9, 6, 6, 5, 8]),
+    ("lenet5-relu", 128, 5): ([8, 7, 16, 11, 12, 9, 18, 18, 10, 20], [9, 8, 16, 12, 13, 10, 19, 14, 9, 18]),
+}
+
+
+@pytest.mark.parametrize("key", sorted(PINNED))
+def test_ilrg_counts_pinned_on_fixed_batches(digits, key):
+    model_name, size, seed = key
+    view, knowledge, truth = fedsgd_target(digits, model_name, *batch(digits, size, seed), seed=seed)
+    official, guarded = PINNED[key]
+    assert ILRG().run(view, knowledge, seed=0).label_counts.tolist() == official
+    assert ILRGGuarded().run(view, knowledge, seed=0).label_counts.tolist() == guarded
+    assert guarded == np.bincount(truth.y.numpy(), minlength=10).tolist()
+
+
+def test_official_ratio_in_scientific_notation():
+    """Mantissas divide, the exponent difference is clamped to +-10, a zero bias gradient counts as 1e-64."""
+    grad_w = np.array([[2.5e-3, 0.0, -4e-30], [3e-2, 1e-30, 6e5]])
+    grad_b = np.array([0.0, 1.5e-2])
+    emb = official_embeddings(grad_w, grad_b)
+    np.testing.assert_allclose(emb[0], [2.5e10, 0.0, -4e10])
+    np.testing.assert_allclose(emb[1], [2.0, 1e-10 / 1.5, 4e7])
+
+
+def test_partially_visible_head_rows_use_their_visible_columns(digits):
+    x, y = batch(digits, 8, 0)
+    probe, knowledge, _ = fedsgd_target(digits, "mlp", x, y)
+    weight, bias = knowledge.head
+    keep = torch.from_numpy(np.random.default_rng(0).random(probe.values[weight].shape) < 0.5)
+    view, knowledge, truth = fedsgd_target(digits, "mlp", x, y, masks={weight: keep})
+    rec = ILRG().run(view, knowledge, seed=0)
+    assert rec.extra["visible_classes"] == 10 and 0.4 < rec.extra["visible_head_weights"] < 0.6
+    assert rec.label_counts.tolist() == np.bincount(truth.y.numpy(), minlength=10).tolist()
+    # every weight hidden, every bias visible: the bias equations alone still recover the counts here
+    view, knowledge, truth = fedsgd_target(digits, "mlp", x, y, masks={weight: torch.zeros_like(keep)})
+    rec = ILRG().run(view, knowledge, seed=0)
+    assert rec.extra["visible_classes"] == 10
+    assert score(rec, view, knowledge, truth)["leacc"] >= 0.9
 
 
 def test_hidden_head_runs_and_recovers_nothing(digits):
@@ -128,7 +173,7 @@ def test_other_blocking_reasons(digits):
     assert "global head" in ILRG().blocked(view, replace(knowledge, global_params=unknown))
     assert "classification" in ILRG().blocked(view, replace(knowledge, task="causal-lm"))
     assert "bias" in ILRG().blocked(view, replace(knowledge, head=(weight, None)))
-    # weights visible but every bias entry hidden: the attack runs, sees no whole class row, predicts nothing
+    # weights visible but every bias entry hidden: the attack runs, has no class equation, predicts nothing
     only_weight = {bias: torch.zeros(10, dtype=torch.bool)}
     view, knowledge, _ = fedsgd_target(digits, "mlp", *batch(digits, 8, 0), masks=only_weight)
     assert ILRG().blocked(view, knowledge) is None
