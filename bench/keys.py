@@ -16,7 +16,9 @@ def provision(fed, topology: str, scheme: str = "ckks", **options) -> KeyMateria
     if topology not in TOPOLOGIES:
         raise ValueError(f"key topology '{topology}' must be one of {', '.join(TOPOLOGIES)}")
     if scheme == "ckks":
-        km = ckks_keygen(options.get("params") or choose_ckks_params(fed.scenario.clients_per_round))
+        # headroom for every client: Poisson sampling may pick more than clients_per_round
+        km = ckks_keygen(options.get("params") or choose_ckks_params(fed.scenario.clients_per_round),
+                         max_summands=fed.scenario.num_clients)
     else:
         km = paillier_keygen(**options)
     public = km.public_only()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from bench.wire import Upload
+from bench.wire import Upload, WireError
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,10 @@ class ServerView:
                 values[name] = torch.full(shape, float("nan"))
                 visible[name] = torch.zeros(shape, dtype=torch.bool)
             else:
+                part.check(upload.sender, name)
+                if tuple(part.shape) != tuple(shape):
+                    raise WireError(upload.sender, f"'{name}' has shape {tuple(part.shape)}, the model's is "
+                                                   f"{tuple(shape)}")
                 values[name] = part.dense(fill=float("nan"))
                 visible[name] = torch.from_numpy(part.visible().copy()).reshape(shape)
         sizes = tuple(len(b) for c in upload.payload.cipher for b in c.blobs)

@@ -14,6 +14,15 @@ import numpy as np
 import torch
 
 
+class WireError(ValueError):
+    """A message whose declared layout does not match what it carries; names the sending party."""
+
+    def __init__(self, party: str, problem: str):
+        super().__init__(f"{party}: {problem}")
+        self.party = party
+        self.problem = problem
+
+
 def flat_mask(mask: np.ndarray | torch.Tensor) -> np.ndarray:
     m = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
     return m.reshape(-1).astype(bool)
@@ -58,6 +67,17 @@ class PlainPart:
     def nbytes(self) -> int:
         return len(self.data)
 
+    def check(self, party: str, name: str) -> None:
+        """WireError naming `party` unless the mask and the byte count fit the declared shape."""
+        size = int(np.prod(self.shape)) if self.shape else 1
+        if self.mask is not None and (self.mask.ndim != 1 or self.mask.size != size):
+            raise WireError(party, f"the mask of '{name}' has {self.mask.size} entries but the parameter "
+                                   f"{tuple(self.shape)} has {size}; send a flat mask of {size} entries")
+        expected = size if self.mask is None else int(self.mask.sum())
+        if len(self.data) != 4 * expected:
+            raise WireError(party, f"'{name}' carries {len(self.data)} bytes but its layout declares "
+                                   f"{expected} float32 values ({4 * expected} bytes)")
+
 
 @dataclass(frozen=True)
 class CipherPart:
@@ -71,6 +91,22 @@ class CipherPart:
     @property
     def nbytes(self) -> int:
         return sum(len(b) for b in self.blobs)
+
+    def check(self, party: str, shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+        """WireError naming `party` unless the layout's masks fit the parameters and add up to `length`."""
+        total = 0
+        for name, mask in self.layout:
+            if shapes is not None:
+                if name not in shapes:
+                    raise WireError(party, f"the {self.scheme} layout names unknown parameter '{name}'")
+                size = int(np.prod(shapes[name])) if shapes[name] else 1
+                if np.asarray(mask).size != size:
+                    raise WireError(party, f"the {self.scheme} layout's mask of '{name}' has "
+                                           f"{np.asarray(mask).size} entries but the parameter has {size}")
+            total += int(np.asarray(mask, bool).sum())
+        if total != self.length:
+            raise WireError(party, f"the {self.scheme} part declares {self.length} values but its layout "
+                                   f"selects {total}")
 
 
 @dataclass(frozen=True)

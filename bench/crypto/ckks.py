@@ -18,15 +18,25 @@ import tenseal as ts
 from bench.crypto.params import (Aggregator, CKKSParams, CryptoError, Decryptor, Encryptor, KeyMaterial)
 
 
-def ckks_keygen(params: CKKSParams) -> KeyMaterial:
-    """Fresh in-memory key; public bytes carry no secret key, secret bytes carry it."""
+DEFAULT_MAX_SUMMANDS = 64
+
+
+def ckks_keygen(params: CKKSParams, max_summands: int = DEFAULT_MAX_SUMMANDS) -> KeyMaterial:
+    """Fresh in-memory key; public bytes carry no secret key, secret bytes carry it.
+
+    `max_summands` is the key's sum headroom: each encrypted value is bounded by
+    max_abs_value / max_summands and the server refuses to add more uploads than that, so a
+    sum can never pass the decodable range (CKKS wraps silently modulo the first prime).
+    """
+    if not isinstance(max_summands, int) or isinstance(max_summands, bool) or max_summands < 1:
+        raise ValueError(f"max_summands must be an int >= 1, got {max_summands!r}")
     ctx = ts.context(ts.SCHEME_TYPE.CKKS, params.poly_modulus_degree,
                      coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
     ctx.global_scale = 2.0 ** params.scale_bits
     keep = dict(save_public_key=True, save_galois_keys=False, save_relin_keys=False)
     public = ctx.serialize(save_secret_key=False, **keep)
     secret = ctx.serialize(save_secret_key=True, **keep)
-    return KeyMaterial("ckks", public, secret, params.as_dict())
+    return KeyMaterial("ckks", public, secret, {**params.as_dict(), "max_summands": max_summands})
 
 
 @lru_cache(maxsize=8)
@@ -41,11 +51,15 @@ def _params(km: KeyMaterial) -> CKKSParams:
                       p.get("security_bits", 128))
 
 
+def _max_summands(km: KeyMaterial) -> int:
+    return int(km.params.get("max_summands", 1))
+
+
 class CKKSEncryptor(Encryptor):
     def __init__(self, km: KeyMaterial, party: str):
         params = _params(km)
         super().__init__(party, km, params.slots)
-        self.max_abs_value = params.max_abs_value
+        self.max_abs_value = params.max_abs_value / _max_summands(km)
         self.context = _context(km.public)
 
     def _encrypt_chunk(self, chunk: np.ndarray) -> bytes:
@@ -55,6 +69,7 @@ class CKKSEncryptor(Encryptor):
 class CKKSAggregator(Aggregator):
     def __init__(self, km: KeyMaterial, party: str):
         super().__init__(party, km, _params(km).slots)
+        self.max_summands = _max_summands(km)
         self.context = _context(km.public)
         if self.context.is_private():
             raise CryptoError(party, "the public context carries a secret key; the aggregation server "

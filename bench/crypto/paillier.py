@@ -87,6 +87,7 @@ class PaillierAggregator(_PaillierRole, Aggregator):
     def __init__(self, km: KeyMaterial, party: str):
         pub = self._setup(km)
         Aggregator.__init__(self, party, km, int(pub["values_per_blob"]))
+        self.max_summands = 2 ** SUM_HEADROOM_BITS
 
     def _load(self, payload: bytes, what: str, verdict: str) -> tuple[Any, int]:
         cts = self._parse(payload, what, verdict)

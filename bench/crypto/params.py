@@ -216,6 +216,8 @@ class Encryptor(_Role):
 class Aggregator(_Role):
     """Aggregation server: checks every blob, adds element-wise, never decrypts."""
 
+    max_summands: float = math.inf   # the key's sum headroom: more uploads could overflow the encoding
+
     def add(self, uploads: list[list[bytes]], party_names: list[str] | None = None) -> list[bytes]:
         verdict = "the upload is rejected"
         if not uploads:
@@ -223,6 +225,10 @@ class Aggregator(_Role):
         names = list(party_names) if party_names is not None else [f"client-{i}" for i in range(len(uploads))]
         if len(names) != len(uploads):
             raise CryptoError(self.party, f"{len(uploads)} uploads but {len(names)} sender names")
+        if len(uploads) > self.max_summands:
+            raise CryptoError(self.party, f"{len(uploads)} uploads exceed this key's sum headroom of "
+                                          f"{self.max_summands:g} summands, so their sum could overflow the "
+                                          f"encoding; provision the key for at least {len(uploads)} summands")
         count = len(uploads[0])
         for name, up in zip(names, uploads):
             if len(up) != count:
@@ -271,10 +277,10 @@ class Decryptor(_Role):
             what = f"ciphertext {i} of the aggregate"
             parts.append(self._decrypt_chunk(self._unframe(blob, what, verdict), what, verdict))
         values = np.concatenate(parts) if parts else np.zeros(0)
-        if values.size < length:
-            raise CryptoError(self.party, f"the aggregate decrypts to {values.size} values, fewer than {length}; "
-                                          f"{verdict}")
-        return values[:length].astype(np.float64, copy=False)
+        if values.size != length:   # a shorter declared length would silently drop values
+            raise CryptoError(self.party, f"the aggregate decrypts to {values.size} values but {length} were "
+                                          f"declared; {verdict}")
+        return values.astype(np.float64, copy=False)
 
     @abstractmethod
     def _decrypt_chunk(self, payload: bytes, what: str, verdict: str) -> np.ndarray: ...
