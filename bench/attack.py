@@ -23,6 +23,7 @@ class Reconstruction:
     labels: list[int] | None = None          # recovered label multiset (per sample where known)
     images: torch.Tensor | None = None       # (B, C, H, W) in [0, 1]
     texts: list[str] | None = None
+    scores: np.ndarray | None = None         # membership score per candidate, higher = member
     extra: dict[str, Any] = field(default_factory=dict)
 
 

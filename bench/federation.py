@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from bench import membership
 from bench.costs import CostMeter
 from bench.defense import Defense, Party
 from bench.models import build_model, classifier_head, update_names
@@ -56,6 +57,7 @@ class Truth:
     x: torch.Tensor
     y: torch.Tensor
     update: dict[str, torch.Tensor]
+    member: np.ndarray | None = None     # membership label per candidate (1 = member), in candidate order
 
 
 @dataclass
@@ -276,6 +278,8 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
     fed.round = -1
     defense.setup(fed)
     known = {n: torch.ones(s, dtype=torch.bool) for n, s in fed.shapes.items()}
+    initial = fed.params()
+    last = {n: v.clone() for n, v in initial.items()}   # each entry's last value the server knew
     targets: list[Target] = []
     knowledge = None
     for r in range(scenario.rounds):
@@ -287,12 +291,19 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
         uploads = _upload(fed, defense, sampled, trained, knowledge, targets)
         _aggregate(fed, defense, sampled, uploads, known)
+        current = fed.params()
+        last = {n: torch.where(known[n], current[n], last[n]) for n in fed.names}
         if progress:
             progress(f"round {r + 1}/{scenario.rounds}")
     measured = _run_metrics(fed, defense, time.perf_counter() - start)
     measured.update(_encryption_breakdown(fed))
     metrics = {k: v for k, v in measured.items() if not isinstance(v, dict)}
     details = {k: v for k, v in measured.items() if isinstance(v, dict)} | {"key_topology": defense.key_topology}
+    chosen = membership.select(fed, known, last, initial)
+    if chosen is not None:
+        for target in targets:
+            target.knowledge = replace(target.knowledge, membership=chosen[0])
+            target.truth.member = chosen[1]
     return FederationRun(targets, knowledge, metrics, details)
 
 

@@ -68,6 +68,7 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), run.details)
     from metrics.schema import Evidence
     per_target: dict[str, list] = {}
+    evidence: dict[str, object] = {}   # metrics' extra details (raw scores, intervals), first upload's
     attack_time = 0.0
     for i, target in enumerate(run.targets):
         start = time.perf_counter()
@@ -75,9 +76,14 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         attack_time += time.perf_counter() - start
         for m in METRICS.entries():
             if m.obj.per_target:
-                value = m.obj.compute(Evidence(rec, target.truth, target.view, target.knowledge, run_values))
+                ev = Evidence(rec, target.truth, target.view, target.knowledge, run_values)
+                value = m.obj.compute(ev)
                 if value is not None:
                     per_target.setdefault(m.name, []).append(value)
+                    if i == 0 and m.obj.details is not None:
+                        evidence.update(m.obj.details(ev))
+        if i == 0:
+            evidence.update(rec.extra.get("details", {}))
     run_values["attack_s"] = attack_time / len(run.targets)
     metrics = _run_metrics(run_values)
     for name, values in per_target.items():
@@ -85,6 +91,7 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         metrics[name] = unavailable[0] if unavailable else float(np.mean(values))
     details = dict(run.details)
     details["per_target"] = {k: v for k, v in per_target.items()}
+    details.update(evidence)
     return _record(cell, "ok", "", metrics, details)
 
 

@@ -55,11 +55,18 @@ class Scenario:
     attack_update: str = "gradient"   # gradient (one FedSGD step, the attack papers' setting) | delta (local training)
     attack_repeats: int = 1           # independent attacked batches (e.g. 10 images for iDLG)
     labels_known: bool = False        # threat-model knob: the attacker is told the batch's labels
+    # membership inference (bench/membership.py): candidates and the attacker's auxiliary data
+    mia_size: int = 0                 # members and as many held-out non-members; 0 = no membership evaluation
+    mia_members: str = "all"          # all (the federation's training data) | client (the attacked client's)
+    mia_aux: int = 0                  # auxiliary held-out samples the attacker holds, disjoint from both
 
     def __post_init__(self) -> None:
         _check_choice("partition", self.partition, ("iid", "dirichlet", "k-classes"))
         _check_choice("attack_update", self.attack_update, ("gradient", "delta"))
         _check_choice("sampling", self.sampling, ("fixed", "poisson"))
+        _check_choice("mia_members", self.mia_members, ("all", "client"))
+        if self.mia_size < 0 or self.mia_aux < 0:
+            raise SpecError(f"scenario '{self.name}': mia_size and mia_aux must be >= 0")
         if not 0.0 <= self.public_fraction < 1.0:
             raise SpecError(f"scenario '{self.name}': public_fraction must be in [0, 1), got {self.public_fraction}")
         for name in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",

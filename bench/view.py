@@ -70,6 +70,7 @@ class Knowledge:
     vocab_size: int | None = None
     tokenizer: Any = None
     build_model: Any = field(default=None, repr=False)   # () -> fresh module of the public architecture
+    membership: Any = None                     # bench.membership.MembershipKnowledge, when the scenario has one
 
     def knows_global_model(self) -> bool:
         return all(not torch.isnan(p).any() for p in self.global_params.values())

@@ -37,6 +37,7 @@ class Metric:
     fmt: str = "{:.3f}"
     per_target: bool = True           # averaged over attacked uploads; False: a property of the run
     timing: bool = False              # wall-clock dependent: excluded from determinism checks
+    details: Callable[[Evidence], dict] | None = None   # extra evidence kept in the record (raw scores, CIs)
 
     @property
     def arrow(self) -> str:
@@ -51,12 +52,14 @@ class Metric:
 
 
 def metric(name: str, unit: str, lower_is_better: bool | None, kind: str, description: str, *,
-           fmt: str = "{:.3f}", per_target: bool = True, timing: bool = False):
+           fmt: str = "{:.3f}", per_target: bool = True, timing: bool = False,
+           details: Callable[[Evidence], dict] | None = None):
     """Register a metric function under the schema."""
     assert kind in KINDS, kind
 
     def decorate(fn: Callable[[Evidence], Any]) -> Callable[[Evidence], Any]:
-        METRICS.add(name, Metric(name, unit, lower_is_better, kind, description, fn, fmt, per_target, timing),
+        METRICS.add(name, Metric(name, unit, lower_is_better, kind, description, fn, fmt, per_target, timing,
+                            details),
                     description)
         return fn
 

@@ -1,0 +1,102 @@
+"""Membership-inference setting: candidates, the attacker's auxiliary data, the model it can assemble.
+
+Threat model (README): the attacker is the aggregation server.
+- Members are the federation's training data (scenario `mia_members = "all"`) or only the
+  attacked client's (`"client"`); `mia_size` of them are drawn, seeded.
+- Non-members are as many held-out test samples of the same distribution, which no client
+  trained on. The auxiliary data (`mia_aux` samples, for shadow and reference models, population
+  samples and prefixes) is drawn from the rest of the test split, disjoint from both.
+- Candidates are members and non-members shuffled together; the attacker gets them without
+  labels. The labels stay in the ground truth.
+- The model the server can assemble is the final global model: the entries it knows, plus
+  each hidden entry filled with zero or with the last value it knew (the server built the
+  initial model, so every entry starts known). Nothing known means model-based attacks are
+  blocked by design.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class MembershipKnowledge:
+    candidates_x: torch.Tensor
+    candidates_y: torch.Tensor
+    aux_x: torch.Tensor
+    aux_y: torch.Tensor
+    initial: dict[str, torch.Tensor]          # the model the server sent in round one
+    final: dict[str, torch.Tensor]            # final global entries, NaN where the server does not know them
+    last: dict[str, torch.Tensor]             # each entry's last value the server knew
+    recipe: dict[str, Any]                    # the scenario's training recipe: epochs, batch_size, lr
+    loss: Callable = field(repr=False, default=None)   # task loss (model, x, y) -> scalar
+
+    def known_fraction(self) -> float:
+        known = sum(int((~torch.isnan(v)).sum()) for v in self.final.values())
+        total = sum(v.numel() for v in self.final.values())
+        return known / total if total else 0.0
+
+    def assemble(self, fill: str) -> dict[str, torch.Tensor]:
+        """Final model entries: known values, hidden ones as zero or their last known value."""
+        if fill not in ("zero", "last"):
+            raise ValueError(f"fill '{fill}' must be 'zero' or 'last'")
+        out = {}
+        for name, value in self.final.items():
+            other = torch.zeros_like(value) if fill == "zero" else self.last[name]
+            out[name] = torch.where(torch.isnan(value), other, value)
+        return out
+
+
+def model_blocked(knowledge) -> str | None:
+    """Shared need of model-based membership attacks."""
+    mk = knowledge.membership
+    if mk is None:
+        return "the scenario defines no membership candidates (set mia_size > 0)"
+    if mk.known_fraction() == 0.0:
+        return "the server knows no entry of the final model (every entry is encrypted or kept local)"
+    return None
+
+
+def load(knowledge, params: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A fresh module of the public architecture with the given entries, in eval mode."""
+    model = knowledge.build_model()
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in params.items():
+            state[name].copy_(value)
+    return model.eval()
+
+
+def select(fed, known: dict[str, torch.Tensor], last: dict[str, torch.Tensor],
+           initial: dict[str, torch.Tensor]) -> tuple[MembershipKnowledge, np.ndarray] | None:
+    """Draw candidates and auxiliary data for the finished run; None when the scenario has no MIA."""
+    sc = fed.scenario
+    if sc.mia_size == 0:
+        return None
+    rng = np.random.default_rng(sc.seed + 15485863)
+    pool = [fed.clients[sc.attack_client]] if sc.mia_members == "client" else fed.clients
+    mx = torch.cat([c.x for c in pool])
+    my = torch.cat([c.y for c in pool])
+    n = min(sc.mia_size, len(my))
+    test_x, test_y = fed.data.test_x, fed.data.test_y
+    if n + sc.mia_aux > len(test_y):
+        raise ValueError(f"scenario '{sc.name}': {n} non-members plus mia_aux={sc.mia_aux} auxiliary samples need "
+                         f"{n + sc.mia_aux} held-out test samples, the data has {len(test_y)}; lower mia_size/"
+                         "mia_aux or raise max_test")
+    members = rng.choice(len(my), size=n, replace=False)
+    held = rng.permutation(len(test_y))
+    non, aux = held[:n], held[n:n + sc.mia_aux]
+    cx = torch.cat([mx[members], test_x[non]])
+    cy = torch.cat([my[members], test_y[non]])
+    labels = np.r_[np.ones(n, np.int64), np.zeros(n, np.int64)]
+    order = rng.permutation(2 * n)
+    params = fed.params()
+    final = {k: torch.where(known[k], params[k], torch.nan) for k in fed.names}
+    recipe = {"epochs": sc.rounds * sc.local_epochs, "batch_size": sc.batch_size, "lr": sc.lr,
+              "train_size": len(my) if sc.mia_members == "all" else len(pool[0].y)}
+    mk = MembershipKnowledge(cx[order], cy[order], test_x[aux], test_y[aux], initial, final,
+                             {k: v.clone() for k, v in last.items()}, recipe, fed.task.loss)
+    return mk, labels[order]
