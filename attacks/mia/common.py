@@ -1,0 +1,95 @@
+"""Shared pieces of the membership attacks: the base class, signals, shadow training.
+
+Every attack returns `Reconstruction.scores`, one per candidate, oriented "higher = member";
+each attack's docstring states its native sign and the conversion.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bench.attack import Attack, Reconstruction
+from bench.membership import load, model_blocked
+from bench.view import Knowledge, ServerView
+
+
+class ModelMIA(Attack):
+    """Scores candidates on the final model the server can assemble (`fill` for hidden entries)."""
+
+    tasks: tuple[str, ...] = ("classification", "causal-lm")
+
+    def __init__(self, fill: str = "last", **params) -> None:
+        if fill not in ("zero", "last"):
+            raise ValueError(f"fill '{fill}' must be 'zero' or 'last'")
+        super().__init__(fill=fill, **params)
+        self.fill = fill
+
+    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
+        if knowledge.task not in self.tasks:
+            return f"needs a {' or '.join(self.tasks)} task, this scenario is {knowledge.task}"
+        return model_blocked(knowledge)
+
+    def target_model(self, knowledge: Knowledge) -> torch.nn.Module:
+        return load(knowledge, knowledge.membership.assemble(self.fill))
+
+    def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
+        torch.manual_seed(seed)
+        scores, details = self.score(knowledge, seed)
+        scores = np.asarray(scores, dtype=np.float64)
+        return Reconstruction(scores=scores, extra={"details": {"attack_details": details}})
+
+    def score(self, knowledge: Knowledge, seed: int) -> tuple[np.ndarray, dict]:
+        raise NotImplementedError
+
+
+@torch.no_grad()
+def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
+    model.eval()
+    return torch.cat([model(xb) for xb in x.split(batch)])
+
+
+def logit_confidence(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """LiRA's phi = log p_y - log sum_{y' != y} p_y', computed stably from logits."""
+    true = logits.gather(1, y[:, None]).squeeze(1)
+    others = logits.clone()
+    others.scatter_(1, y[:, None], float("-inf"))
+    return true - torch.logsumexp(others, dim=1)
+
+
+def train_shadow(knowledge: Knowledge, x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.nn.Module:
+    """A shadow/reference model: the server's initial model trained centrally on (x, y) with the
+    scenario's recipe (rounds x local epochs of SGD at its lr and batch size)."""
+    mk = knowledge.membership
+    model = load(knowledge, mk.initial).train()
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=mk.recipe["lr"])
+    for _ in range(mk.recipe["epochs"]):
+        for batch in torch.randperm(len(y), generator=gen).split(mk.recipe["batch_size"]):
+            opt.zero_grad()
+            mk.loss(model, x[batch], y[batch]).backward()
+            opt.step()
+    return model.eval()
+
+
+def shadow_models(knowledge: Knowledge, k: int, seed: int, pool: np.ndarray | None = None):
+    """K shadows, each on a seeded random half of the auxiliary pool (LiRA's 50% sampling).
+    Returns the models, their training masks over the pool, and the training seconds."""
+    mk = knowledge.membership
+    pool = np.arange(len(mk.aux_y)) if pool is None else pool
+    rng = np.random.default_rng(seed)
+    start = time.perf_counter()
+    models, masks = [], []
+    for i in range(k):
+        keep = np.zeros(len(pool), bool)
+        keep[rng.choice(len(pool), size=len(pool) // 2, replace=False)] = True
+        idx = torch.from_numpy(pool[keep])
+        models.append(train_shadow(knowledge, mk.aux_x[idx], mk.aux_y[idx], seed * 7919 + i))
+        masks.append(keep)
+    return models, np.array(masks), time.perf_counter() - start
+
+
+def per_sample_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y, reduction="none")
