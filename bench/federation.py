@@ -18,6 +18,7 @@ import torch
 
 from bench import membership
 from bench.costs import CostMeter
+from bench.devices import CATALOGS, Device, assign
 from bench.defense import Defense, Party
 from bench.models import build_model, classifier_head, update_names
 from bench.partition import partition
@@ -35,6 +36,7 @@ class Client:
     y: torch.Tensor
     party: Party
     local: dict[str, torch.Tensor] = field(default_factory=dict)  # personalized values, NaN where global
+    device: Device = field(default_factory=lambda: CATALOGS["uniform"]["uniform"][0])  # scenario data
 
     def merged(self, global_params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The client's model: its personalized entries over the global model (SelectiveShield eq. 27)."""
@@ -180,7 +182,8 @@ def build_federation(scenario: Scenario, data, defense: Defense | None = None) -
     shapes = {n: tuple(state[n].shape) for n in names}
     parts = partition(data.train_y[pool], scenario.num_clients, scenario.partition, alpha=scenario.alpha,
                       classes_per_client=scenario.classes_per_client, seed=scenario.seed)
-    clients = [Client(i, data.train_x[pool[idx]], data.train_y[pool[idx]], Party(f"client-{i}"))
+    devices = assign(scenario, [data.train_y[pool[idx]] for idx in parts])
+    clients = [Client(i, data.train_x[pool[idx]], data.train_y[pool[idx]], Party(f"client-{i}"), device=devices[i])
                for i, idx in enumerate(parts)]
     parties = {"server": Party("aggregation server"), "key-server": Party("key-server")} | {c.name: c.party for c in clients}
     return Federation(scenario, data, task, model, names, shapes, clients, parties, Traffic(), CostMeter(),

@@ -59,6 +59,10 @@ class Scenario:
     mia_size: int = 0                 # members and as many held-out non-members; 0 = no membership evaluation
     mia_members: str = "all"          # all (the federation's training data) | client (the attacked client's)
     mia_aux: int = 0                  # auxiliary held-out samples the attacker holds, disjoint from both
+    # devices (bench/devices.py): a catalog, how clients take its types, or one type per client
+    devices: str = "uniform"
+    device_assign: str = "cycle"      # cycle | by-category | mix
+    device_types: list | None = None
 
     def __post_init__(self) -> None:
         _check_choice("partition", self.partition, ("iid", "dirichlet", "k-classes"))
@@ -81,6 +85,11 @@ class Scenario:
                             f"got {self.attack_round}")
         if not 0 <= self.attack_client < self.num_clients:
             raise SpecError(f"scenario '{self.name}': attack_client must be in [0, {self.num_clients - 1}]")
+        from bench import devices
+        try:
+            devices.check(self.devices, self.device_assign, self.device_types, self.num_clients)
+        except ValueError as err:
+            raise SpecError(f"scenario '{self.name}': {err}") from None
         if self.lr <= 0 or self.alpha <= 0 or not 0 < self.delta < 1:
             raise SpecError(f"scenario '{self.name}': lr and alpha must be > 0 and delta in (0, 1)")
 
@@ -160,6 +169,8 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return value is None
     if origin is dict or annotation is dict:
         return isinstance(value, dict)
+    if origin is list or annotation is list:
+        return isinstance(value, list)
     if annotation is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if annotation is int:
@@ -227,6 +238,32 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -
     return out
 
 
+def _defense_params(table: Any, registry, where: str) -> dict[str, dict]:
+    """A scenario's `defense_params = { name = { param = value } }`: settings that belong to this scenario."""
+    if not isinstance(table, dict) or any(not isinstance(v, dict) for v in table.values()):
+        raise SpecError(f"{where}: defense_params must be a table of tables, e.g. defense_params.sensecrypt = "
+                        "{ ratio_cap = 0.03 }")
+    for name in table:
+        if name not in registry:
+            from bench.registry import UnknownName
+            raise SpecError(f"{where} defense_params: {UnknownName('defense', name, registry.names())}")
+    return table
+
+
+def _override(component: Component, params: dict | None, registry, where: str) -> Component:
+    """The component with a scenario's own parameters laid over the suite's, validated again."""
+    if not params:
+        return component
+    merged = {**component.params, **params}
+    check = getattr(registry.get(component.name), "check_params", None)
+    if check is not None:
+        try:
+            check(merged)
+        except (TypeError, ValueError) as err:
+            raise SpecError(f"{where} defense_params '{component.name}': {err}") from None
+    return Component(component.name, merged)
+
+
 def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
     from bench.registry import ATTACKS, DATASETS, DEFENSES, MODELS
 
@@ -245,7 +282,7 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
             raise SpecError(f"{where}: needs at least one [[{key}]] table")
     scenarios = []
     for i, table in enumerate(data["scenarios"]):
-        local = {k: v for k, v in table.items() if k not in ("defenses", "attacks")}
+        local = {k: v for k, v in table.items() if k not in ("defenses", "attacks", "defense_params")}
         scenario = build(Scenario, local, f"{where} scenarios[{i}]")
         for kind, registry, value in (("dataset", DATASETS, scenario.dataset), ("model", MODELS, scenario.model)):
             if value not in registry:
@@ -258,12 +295,14 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
     defenses = _components(data["defenses"], "defense", DEFENSES, where)
     attacks = _components(data["attacks"], "attack", ATTACKS, where)
     cells = []
-    for scenario, table in scenarios:  # a scenario may narrow the grid by name or by full label "name(k=v, ...)"
+    for i, (scenario, table) in enumerate(scenarios):  # narrow the grid by name or full label "name(k=v, ...)"
         only_d = table.get("defenses")
         only_a = table.get("attacks")
+        overrides = _defense_params(table.get("defense_params", {}), DEFENSES, f"{where} scenarios[{i}]")
         for d in defenses:
             if only_d is not None and d.name not in only_d and d.label not in only_d:
                 continue
+            d = _override(d, overrides.get(d.name), DEFENSES, f"{where} scenarios[{i}]")
             for a in attacks:
                 if only_a is not None and a.name not in only_a and a.label not in only_a:
                     continue

@@ -11,6 +11,7 @@ import torch
 import defenses.sensecrypt  # noqa: F401  (registers sensecrypt, sensecrypt-dp, paillier-full, maskcrypt-paillier)
 from bench.crypto import CryptoError, open_decryptor
 from bench.datasets import load_dataset
+from bench.devices import Device
 from bench.federation import build_federation, local_update, run_federation
 from bench.registry import DEFENSES, METRICS
 from bench.spec import Scenario
@@ -71,7 +72,7 @@ def test_clustering_recovers_the_categories_without_noise():
     """k-classes with 2 classes each on 20 clients: 5 categories of 4 (appendix E's layout; 10 digit classes
     cannot make the 4 equal categories of section 4.1)."""
     sc = scenario()
-    defense = DEFENSES.get("sensecrypt")(key_bits=KEY, heterogeneity="statistical")
+    defense = DEFENSES.get("sensecrypt")(key_bits=KEY)
     fed = build_federation(sc, DATA, defense)
     defense.setup(fed)
     assert len(set(defense.truth)) == 5
@@ -88,14 +89,17 @@ def test_heavy_dp_noise_destroys_the_clustering():
 
 
 def test_budgets_follow_the_min_rule_and_the_paper_profiles():
-    fed = build_federation(scenario(), DATA)
-    r, v = device_profiles(fed, "both")
+    fed = build_federation(scenario(devices="sensecrypt-4.1", device_assign="by-category"), DATA)
+    r, v = device_profiles(fed)
     assert sorted(set(r)) == [35.0, 40.0, 45.0, 50.0] and sorted(set(v)) == [10.0, 12.0, 16.0, 24.0]
+    for group in set(defense_groups := [tuple(sorted(set(c.y.tolist()))) for c in fed.clients]):
+        members = [i for i, g in enumerate(defense_groups) if g == group]   # every category spans the tiers
+        assert [r[i] for i in members] == [50.0, 45.0, 40.0, 35.0]
+    system = build_federation(scenario(partition="iid", devices="sensecrypt-4.1", device_assign="by-category"), DATA)
+    assert device_profiles(system)[0] == [50.0, 45.0, 40.0, 35.0, 30.0] * 4
+    assert device_profiles(build_federation(scenario(), DATA)) == ([50.0] * 20, [32.0] * 20)
     alpha = budgets([50, 30, 50], [24, 24, 8], [0, 0, 0])
     assert alpha == pytest.approx([1.0, 0.6, 1 / 3])
-    with pytest.raises(ValueError, match="non-IID"):
-        device_profiles(build_federation(scenario(partition="iid"), DATA), "statistical")
-    assert device_profiles(fed, {"default": "none", "stat": "both"})[1] == v
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.4, 0.05])
@@ -135,8 +139,10 @@ def test_mutual_information_bound_grows_the_mask():
 
 def test_every_mask_meets_its_budget_and_infeasible_clients_are_reported():
     sc = scenario(n=10)
-    cpus = [32.0] * 9 + [1.0]  # one client at 1/32 of the fastest: 19 entries cannot reach a 95 % level
-    run = run_federation(sc, DATA, DEFENSES.get("sensecrypt")(key_bits=KEY, cpus=cpus, budget_scope="all", C=0.05))
+    defense = DEFENSES.get("sensecrypt")(key_bits=KEY, budget_scope="all", C=0.05)
+    fed = build_federation(sc, DATA, defense)
+    fed.clients[9].device = Device("slow", 50.0, 1.0)  # 1/32 of the fastest: 19 entries cannot reach a 95 % level
+    run = run_federation(sc, DATA, defense, fed=fed)
     details = run.details["sensecrypt"]
     for m in details["masks"]:
         assert m["fraction"] * 610 <= m["budget"] == math.floor(m["alpha"] * 610 + 1e-9)
@@ -152,8 +158,9 @@ def test_every_mask_meets_its_budget_and_infeasible_clients_are_reported():
 
 
 def test_decrypted_cluster_aggregates_equal_plaintext_cluster_fedavg():
-    defense = DEFENSES.get("sensecrypt")(key_bits=KEY, heterogeneity="both")
-    fed, updates, uploads, update = one_round(scenario(n=10), defense)
+    defense = DEFENSES.get("sensecrypt")(key_bits=KEY)
+    fed, updates, uploads, update = one_round(scenario(n=10, devices="sensecrypt-4.1", device_assign="by-category"),
+                                              defense)
     got = fed.parties["key-server"].state["cluster_updates"]
     masks = {u.sender: percluster.unpack_mask(u.payload.meta["mask"], 610) for u in uploads}
     for cluster, values in got.items():

@@ -6,9 +6,9 @@ maskcrypt-paillier  MaskCrypt's masks (defenses/maskcrypt.py: gradient-guided pr
                 union) with the paper's Paillier backend and key server. `union_cap` truncates the
                 round-robin union to a fraction of the entries (it keeps every client's best
                 proposals first): the paper's fairness setting of equal mask sizes, not Plato's.
-Both take the device profiles of SenseCrypt (`heterogeneity`, `bandwidths`, `cpus`) and report
-round_time_max_s / round_time_mean_s from the same model. Settings that belong to a scenario
-(`heterogeneity`, `bandwidths`, `cpus`, `union_cap`) may be tables keyed by scenario name.
+Both take the scenario's device profiles (client.device) as SenseCrypt does and report
+round_time_max_s / round_time_mean_s from the same model. A suite sets `union_cap` per scenario
+through the scenario's `defense_params`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from bench.registry import DEFENSES
 from bench.wire import Payload
 from defenses.maskcrypt import MaskCrypt, round_robin_union
 from defenses.sensecrypt.evaluation import own_label_accuracy
-from defenses.sensecrypt.profiles import RoundClock, check_heterogeneity, choices, device_profiles, for_scenario
+from defenses.sensecrypt.profiles import RoundClock, device_profiles
 
 
 class _Timed:
@@ -33,7 +33,7 @@ class _Timed:
     def _start(self, fed, key_bits: int) -> None:
         self.key = provision(fed, "key-server", scheme="paillier", key_bits=key_bits)
         fed.parties["server"].state["he_params"] = self.key.params
-        r, v = device_profiles(fed, self.heterogeneity, self.bandwidths, self.cpus)
+        r, v = device_profiles(fed)
         for client in fed.clients:
             fed.send(client.name, "server", "device profile (r_i, v_i)", 16)
         self.clock = RoundClock(r, v)
@@ -56,21 +56,19 @@ class _Timed:
         return out
 
 
-def _check(key_bits: int, heterogeneity: str, bandwidths, cpus) -> None:
+def _check(key_bits: int) -> None:
     if key_bits < 512 or key_bits % 8:
         raise ValueError(f"key_bits must be a multiple of 8 and >= 512 (2048 outside tests), got {key_bits}")
-    check_heterogeneity(heterogeneity, bandwidths, cpus)
 
 
 @DEFENSES.register("paillier-full", "every entry Paillier-encrypted, FedAvg under HE, key server decrypts")
 class PaillierFull(_Timed, Defense):
     key_topology = "key-server"
 
-    def __init__(self, key_bits: int = 2048, heterogeneity: str | dict = "none",
-                 bandwidths: list[float] | dict | None = None, cpus: list[float] | dict | None = None) -> None:
-        _check(key_bits, heterogeneity, bandwidths, cpus)
-        super().__init__(key_bits=key_bits, heterogeneity=heterogeneity, bandwidths=bandwidths, cpus=cpus)
-        self.key_bits, self.heterogeneity, self.bandwidths, self.cpus = key_bits, heterogeneity, bandwidths, cpus
+    def __init__(self, key_bits: int = 2048) -> None:
+        _check(key_bits)
+        super().__init__(key_bits=key_bits)
+        self.key_bits = key_bits
 
     def setup(self, fed) -> None:
         self._start(fed, self.key_bits)
@@ -89,22 +87,18 @@ class PaillierFull(_Timed, Defense):
 class MaskCryptPaillier(_Timed, MaskCrypt):
     key_topology = "key-server"
 
-    def __init__(self, rho: float | None = None, union_cap: float | dict | None = None, random_mask: bool = False,
-                 key_bits: int = 2048, heterogeneity: str | dict = "none", bandwidths: list[float] | dict | None = None,
-                 cpus: list[float] | dict | None = None) -> None:
-        _check(key_bits, heterogeneity, bandwidths, cpus)
-        for cap in choices(union_cap):
-            if cap is not None and not 0.0 < cap <= 1.0:
-                raise ValueError(f"union_cap must be in (0, 1], got {cap}")
+    def __init__(self, rho: float | None = None, union_cap: float | None = None, random_mask: bool = False,
+                 key_bits: int = 2048) -> None:
+        _check(key_bits)
+        if union_cap is not None and not 0.0 < union_cap <= 1.0:
+            raise ValueError(f"union_cap must be in (0, 1], got {union_cap}")
         MaskCrypt.__init__(self, rho=rho, random_mask=random_mask, keys="key-server")
-        Configurable.__init__(self, rho=rho, union_cap=union_cap, random_mask=random_mask, key_bits=key_bits,
-                              heterogeneity=heterogeneity, bandwidths=bandwidths, cpus=cpus)
+        Configurable.__init__(self, rho=rho, union_cap=union_cap, random_mask=random_mask, key_bits=key_bits)
         self.union_cap, self.key_bits = union_cap, key_bits
-        self.heterogeneity, self.bandwidths, self.cpus = heterogeneity, bandwidths, cpus
 
     def setup(self, fed) -> None:
         self._start(fed, self.key_bits)
-        self.cap = for_scenario(self.union_cap, fed, "union_cap")
+        self.cap = self.union_cap
         if self.rho is None:
             self.rho = 0.10 if fed.data.input_shape[0] == 3 else 0.05
         self.sizes = [int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1 for n in fed.names]

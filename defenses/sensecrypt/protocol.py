@@ -12,8 +12,8 @@ merge        every member of the client's cluster gets the cluster model as its 
              entries (client.local covers every entry, so it is also where local training starts).
 The engine's global model is the sample-weighted average of the cluster models.
 
-Settings that belong to a scenario (`heterogeneity`, `bandwidths`, `cpus`, `ratio_cap`) may be
-tables keyed by scenario name, because a suite hands every scenario the same defense params.
+Device profiles (r_i, v_i) are the scenario's (client.device); a suite gives `ratio_cap` per
+scenario through the scenario's `defense_params`.
 Defaults: B, C from section 4.1 (FCN/FMNIST for one-channel inputs, AlexNet/CIFAR10 for three),
 eta_MI = 2.0 bits, 2048-bit keys; smaller keys are reported as test_only_key_size.
 """
@@ -33,8 +33,7 @@ from defenses.sensecrypt import percluster
 from defenses.sensecrypt.clustering import (PREFERENCES, affinity_propagation, cluster_scores, distances, dp_noise,
                                             dp_sigma, model_at, sensitivity, warm_model)
 from defenses.sensecrypt.evaluation import own_label_accuracy
-from defenses.sensecrypt.profiles import (RoundClock, budgets, check_heterogeneity, choices, data_groups,
-                                          device_profiles, for_scenario)
+from defenses.sensecrypt.profiles import RoundClock, budgets, data_groups, device_profiles
 from defenses.sensecrypt.selection import SOLVERS, solve_mask
 
 # section 4.1: {C=0.7, B=1.3} for the FCN on FMNIST, {C=0.5, B=2} for AlexNet on CIFAR10
@@ -47,16 +46,14 @@ class SenseCrypt(Defense):
     key_topology = "key-server"
 
     def __init__(self, key_bits: int = 2048, B: float | None = None, C: float | None = None, eta_mi: float = 2.0,
-                 mi_bins: int = 32, ratio_cap: float | dict = 1.0, solver: str = "exact",
+                 mi_bins: int = 32, ratio_cap: float = 1.0, solver: str = "exact",
                  dp_epsilon: float | None = None, dp_delta: float = 1e-5, dp_clip: float = 1.0,
-                 ap_preference: str | float = "median", heterogeneity: str | dict = "none",
-                 bandwidths: list[float] | dict | None = None, cpus: list[float] | dict | None = None,
-                 budget_scope: str = "cluster", cluster_epochs: int = 1) -> None:
+                 ap_preference: str | float = "median", budget_scope: str = "cluster", cluster_epochs: int = 1) -> None:
         if key_bits < 512 or key_bits % 8:
             raise ValueError(f"key_bits must be a multiple of 8 and >= 512 (2048 outside tests), got {key_bits}")
         if (B is not None and not B > 0) or (C is not None and not C >= 0):
             raise ValueError(f"B must be > 0 and C >= 0, got B={B}, C={C}")
-        if any(not 0.0 < cap <= 1.0 for cap in choices(ratio_cap)) or mi_bins < 2 or not eta_mi >= 0:
+        if not 0.0 < ratio_cap <= 1.0 or mi_bins < 2 or not eta_mi >= 0:
             raise ValueError("ratio_cap must be in (0, 1], mi_bins >= 2 and eta_mi >= 0")
         if solver not in SOLVERS:
             raise ValueError(f"solver '{solver}' must be one of {', '.join(SOLVERS)}")
@@ -66,12 +63,11 @@ class SenseCrypt(Defense):
             raise ValueError(f"ap_preference must be a number or one of {', '.join(PREFERENCES)}")
         if budget_scope not in ("cluster", "all"):
             raise ValueError(f"budget_scope '{budget_scope}' must be 'cluster' (section 3.2) or 'all' (Algorithm 3)")
-        check_heterogeneity(heterogeneity, bandwidths, cpus)
         if cluster_epochs < 0:
             raise ValueError(f"cluster_epochs must be >= 0, got {cluster_epochs}")
         super().__init__(key_bits=key_bits, B=B, C=C, eta_mi=eta_mi, mi_bins=mi_bins, ratio_cap=ratio_cap,
                          solver=solver, dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip,
-                         ap_preference=ap_preference, heterogeneity=heterogeneity, bandwidths=bandwidths, cpus=cpus,
+                         ap_preference=ap_preference,
                          budget_scope=budget_scope, cluster_epochs=cluster_epochs)
         self.opt = dict(self.params)
 
@@ -85,7 +81,7 @@ class SenseCrypt(Defense):
         self.B = default_b if o["B"] is None else float(o["B"])
         self.C = default_c if o["C"] is None else float(o["C"])
         self.sizes = [int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1 for n in fed.names]
-        r, v = device_profiles(fed, o["heterogeneity"], o["bandwidths"], o["cpus"])
+        r, v = device_profiles(fed)
         self.clock = RoundClock(r, v)
         received, norms = [], []
         start = fed.params()
@@ -111,7 +107,7 @@ class SenseCrypt(Defense):
         self.labels = [int(x) for x in labels]
         scopes = self.labels if o["budget_scope"] == "cluster" else [0] * len(self.labels)
         self.alphas = budgets(r, v, scopes)
-        self.ratio_cap = float(for_scenario(o["ratio_cap"], fed, "ratio_cap"))
+        self.ratio_cap = float(o["ratio_cap"])
         for client in fed.clients:
             fed.send("server", client.name, "cluster id and encryption budget", 12)
             client.party.state.update(cluster=self.labels[client.index],
