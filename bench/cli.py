@@ -38,7 +38,7 @@ def _list(kind: str) -> int:
 def _run(args) -> int:
     from tqdm import tqdm
 
-    from bench.runner import run_suite
+    from bench.runner import preflight, run_suite
     from bench.spec import load_suite
     from bench.store import Store
     from leaderboards.render import write_outputs
@@ -46,6 +46,7 @@ def _run(args) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     suite = load_suite(args.suite)
+    preflight(suite, args.data_root)
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm)
     store = Store(Path(args.out) / "leakbench.sqlite")
     page = write_outputs(store, args.out)

@@ -2,13 +2,12 @@
 
 Image models follow the papers the attacks come from (SelectiveShield's MLP/SimpleCNN,
 the DLG LeNet, the iLRG LeNet-5, torchvision ResNet-18) and adapt to the input size so
-every model runs on 8x8 digits, 28x28 MNIST and 32x32 CIFAR. The language model is a
-small GPT-2-architecture causal LM with LoRA adapters, random init, built offline.
+every model runs on 8x8 digits, 28x28 MNIST and 32x32 CIFAR. Text models live in
+bench/text_models.py.
 """
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Callable
 
 import torch
@@ -137,38 +136,3 @@ def resnet18(data: Dataset) -> nn.Module:
         model.layer4[0].conv1.stride = (1, 1)
         model.layer4[0].downsample[0].stride = (1, 1)
     return model
-
-
-class LoRACausalLM(nn.Module):
-    """Token ids (B, T) -> next-token logits (B, T, V); padding is masked out of attention."""
-
-    def __init__(self, lm: nn.Module, pad_id: int):
-        super().__init__()
-        self.lm = lm
-        self.pad_id = pad_id
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=x, attention_mask=(x != self.pad_id).long()).logits
-
-
-@MODELS.register("gpt2-lora", "small GPT-2-architecture causal LM (random init) with LoRA r=4 on c_attn")
-def gpt2_lora(data: Dataset, n_embd: int = 64, n_layer: int = 2, n_head: int = 2, lora_r: int = 4,
-              lora_alpha: int | None = None, dropout: float = 0.0) -> nn.Module:
-    """Only the LoRA matrices train; the base is frozen. Dropout defaults to 0 so a client's forward
-    pass is deterministic, which the gradient attacks assume (GPT-2's own default is 0.1)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import GPT2Config, GPT2LMHeadModel
-    if data.task != "causal-lm" or data.vocab_size is None or data.pad_id is None:
-        raise ValueError(f"model 'gpt2-lora' needs causal-lm text data with a vocabulary; "
-                         f"dataset '{data.name}' is {data.task}")
-    eos = getattr(data.tokenizer, "eos_token_id", None)
-    config = GPT2Config(vocab_size=data.vocab_size, n_positions=max(64, data.input_shape[0]), n_embd=n_embd,
-                        n_layer=n_layer, n_head=n_head, resid_pdrop=dropout, embd_pdrop=dropout,
-                        attn_pdrop=dropout, pad_token_id=data.pad_id, bos_token_id=eos, eos_token_id=eos)
-    base = GPT2LMHeadModel(config)
-    lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * lora_r,
-                      target_modules=["c_attn"], lora_dropout=0.0, fan_in_fan_out=True)
-    with warnings.catch_warnings():   # peft calls a deprecated transformers property; not actionable here
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        lm = get_peft_model(base, lora)
-    return LoRACausalLM(lm, data.pad_id)

@@ -97,7 +97,7 @@ METRICS: Registry[Any] = Registry("metrics")
 SUITES: Registry[Any] = Registry("suites")
 KINDS = {r.kind: r for r in (DATASETS, MODELS, DEFENSES, ATTACKS, METRICS, SUITES)}
 
-_BUILTIN_PACKAGES = ("bench.datasets", "bench.models", "defenses", "attacks", "metrics", "leaderboards")
+_BUILTIN_PACKAGES = ("bench.datasets", "bench.models", "bench.text_models", "defenses", "attacks", "metrics", "leaderboards")
 _discovered = False
 
 

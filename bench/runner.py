@@ -69,6 +69,7 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     from metrics.schema import Evidence
     per_target: dict[str, list] = {}
     evidence: dict[str, object] = {}   # metrics' extra details (raw scores, intervals), first upload's
+    texts, info = [], []
     attack_time = 0.0
     for i, target in enumerate(run.targets):
         start = time.perf_counter()
@@ -84,6 +85,10 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
                         evidence.update(m.obj.details(ev))
         if i == 0:
             evidence.update(rec.extra.get("details", {}))
+        if rec.texts is not None:   # recovered sentences beside the references they were matched to
+            info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
+            matched, reference = rec.extra.get("_matched", (None, None))
+            texts.append({"recovered": list(rec.texts), "matched": matched, "reference": reference})
     run_values["attack_s"] = attack_time / len(run.targets)
     metrics = _run_metrics(run_values)
     for name, values in per_target.items():
@@ -92,6 +97,10 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     details = dict(run.details)
     details["per_target"] = {k: v for k, v in per_target.items()}
     details.update(evidence)
+    if any(info):
+        details["attack_info"] = info
+    if texts:
+        details["texts"] = texts
     return _record(cell, "ok", "", metrics, details)
 
 
@@ -115,6 +124,35 @@ def federate(cell: Cell, data_root: str | None):
     data = load_dataset(sc.dataset, resolve_data_root(data_root), max_train=sc.max_train, max_test=sc.max_test,
                         seed=sc.seed, seq_len=sc.seq_len)
     return run_federation(sc, data, DEFENSES.get(cell.defense.name)(**cell.defense.params))
+
+
+def preflight(suite: Suite, data_root: str | None) -> None:
+    """Load-time checks for datasets that ask for them (`checked_at_load`): their data loads and every
+    scenario's model can take it (e.g. no sentence longer than the model's positions); a fault raises a
+    one-line DataError / SpecError before any cell runs."""
+    import json
+
+    from bench.datasets import load_dataset, resolve_data_root
+    from bench.models import build_model
+    from bench.registry import DATASETS
+    from bench.spec import SpecError
+
+    root = resolve_data_root(data_root)
+    seen = set()
+    for sc in suite.scenarios:
+        if not getattr(DATASETS.get(sc.dataset), "checked_at_load", False):
+            continue
+        key = (sc.dataset, sc.max_train, sc.max_test, sc.seed, sc.seq_len, sc.model,
+               json.dumps(sc.model_params, sort_keys=True, default=str))
+        if key in seen:
+            continue
+        seen.add(key)
+        data = load_dataset(sc.dataset, root, max_train=sc.max_train, max_test=sc.max_test, seed=sc.seed,
+                            seq_len=sc.seq_len)
+        try:
+            build_model(sc.model, data, **sc.model_params)
+        except (TypeError, ValueError) as err:
+            raise SpecError(f"scenario '{sc.name}': {one_line(err).split(': ', 1)[-1]}") from None
 
 
 def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
@@ -187,4 +225,4 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     return RunSummary(counts["ok"], counts["blocked"], counts["failed"], len(suite.cells) - len(todo))
 
 
-__all__ = ["run_suite", "run_group", "score_cell", "RunSummary"]
+__all__ = ["run_suite", "run_group", "score_cell", "preflight", "RunSummary"]

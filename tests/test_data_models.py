@@ -14,7 +14,7 @@ from bench.models import build_model, classifier_head, update_names
 from bench.partition import partition
 from bench.registry import MODELS, UnknownName
 
-TEXT_MODELS = {"gpt2-lora"}
+TEXT_MODELS = {"gpt2", "gpt2-lora", "minilm"}
 IMAGE_SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 
 

@@ -40,6 +40,7 @@ GRID_ATTACKS = [
     ("mia-minkpp", {"k": 0.2}),
     ("mia-recall", {"shots": 1}),
     ("mia-pac", {"augmentations": 1}),
+    ("dager", {}),
 ]
 MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary data for the mia-* attacks
 

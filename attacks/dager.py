@@ -1,0 +1,189 @@
+"""DAGER (Petrov et al., NeurIPS 2024): exact text recovery from transformer gradients.
+
+The gradient of the first layers' attention input projections has its rows in the span of
+the layer inputs. The attack estimates that span's rank (numpy's matrix_rank rule with
+`rank_tol`, the maximum over the first ten layers, capped at width - `rank_cutoff`, plus
+`fedavg_extra_rank` for a multi-step delta as the official code adds 60), keeps every
+vocabulary token whose layer-1 input lies within `l1_span_thresh` of the layer-1 span at
+each position, then assembles sentences at layer 2 (attacks/dager_search.py). The output
+is B sentences, exact ones first. Defaults are the official ones (l1 1e-5, l2 1e-3,
+distinct 0.7, rank_cutoff 20).
+
+Update to gradient: -update / (lr * local steps), exact for FedSGD; for FedAvg this is
+DAGER's pseudo-gradient (weight delta / (lr * epochs * minibatches)).
+
+Partial views (e.g. MaskCrypt): a hidden entry is unknown. Rows of the gradient (in
+"rows span the inputs" orientation) with any hidden entry are dropped, or, when that
+leaves fewer rows than the rank, the input coordinates (columns) with any hidden entry
+are dropped instead and candidates are compared on the remaining coordinates only —
+whichever keeps the larger fully visible block. The attack then runs on that block; when
+no fully visible block remains for layer 1 or 2 it returns empty sentences.
+
+Gaussian noise (`noise_filter=True`, decoders only, as in the official code): distances
+are logit-transformed and z-scored; at position 0 tokens below -`std_thresh` sigma are
+kept, elsewhere the max(50 B, 5 % of the vocabulary) closest; at layer 2 the extensions
+whose mean distance is an outlier below -`std_thresh` sigma (at most B per step) survive.
+
+Blocked by design when the view is empty, the model is not a GPT-2 or BERT layout, the
+first two layers' projection gradients are entirely hidden, or the server does not know
+the global weights.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from attacks.dager_arch import Arch
+from attacks.dager_noise import noisy_decoder_search, noisy_layer1_tokens
+from attacks.dager_search import assemble, decoder_search, encoder_search, layer1_tokens
+from attacks.dager_span import make_span, rank_of, spectrum
+from bench.attack import Attack, Reconstruction
+from bench.registry import ATTACKS
+from bench.view import Knowledge, ServerView
+
+
+def visible_block(grad: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The largest of two fully visible blocks: all columns of the fully visible rows, or all rows on the
+    fully visible columns; returns (block, kept column indices or None when all columns are kept)."""
+    if bool(visible.all()):
+        return grad, None
+    rows = visible.all(1)
+    cols = visible.all(0)
+    by_rows = int(rows.sum()) * grad.shape[1]
+    by_cols = grad.shape[0] * int(cols.sum())
+    if min(int(rows.sum()), grad.shape[1]) >= min(grad.shape[0], int(cols.sum())) and by_rows > 0:
+        return grad[rows], None
+    if by_cols == 0:
+        return grad[:0], None
+    idx = torch.nonzero(cols).flatten()
+    return grad[:, idx], idx
+
+
+@ATTACKS.register("dager", "DAGER: exact text from the span of the first layers' gradients (GPT-2, BERT, LoRA)")
+class Dager(Attack):
+    family = "text"
+
+    def __init__(self, rank_tol: float | None = None, rank_cutoff: int = 20, l1_span_thresh: float = 1e-5,
+                 l2_span_thresh: float = 1e-3, distinct_thresh: float = 0.7, max_combinations: int = 4096,
+                 fedavg_extra_rank: int = 60, noise_filter: bool = False, std_thresh: float = 5.0,
+                 device: str = "cpu") -> None:
+        if l1_span_thresh <= 0 or l2_span_thresh <= 0:
+            raise ValueError("l1_span_thresh and l2_span_thresh must be > 0")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got '{device}'")
+        super().__init__(rank_tol=rank_tol, rank_cutoff=rank_cutoff, l1_span_thresh=l1_span_thresh,
+                         l2_span_thresh=l2_span_thresh, distinct_thresh=distinct_thresh,
+                         max_combinations=max_combinations, fedavg_extra_rank=fedavg_extra_rank,
+                         noise_filter=noise_filter, std_thresh=std_thresh, device=device)
+        self.rank_tol, self.rank_cutoff = rank_tol, rank_cutoff
+        self.l1, self.l2, self.distinct = l1_span_thresh, l2_span_thresh, distinct_thresh
+        self.max_combinations, self.fedavg_extra_rank = max_combinations, fedavg_extra_rank
+        self.noise_filter, self.std_thresh = noise_filter, std_thresh
+        self.device = device if device == "cpu" or torch.cuda.is_available() else "cpu"
+
+    # -- threat model ----------------------------------------------------------------------------
+    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
+        if view.visible_fraction() == 0.0:
+            return "the server view is empty: every entry is encrypted or kept local"
+        if knowledge.tokenizer is None or len(knowledge.input_shape) != 1:
+            return f"needs tokenized text, this scenario's inputs have shape {knowledge.input_shape}"
+        if not knowledge.knows_global_model():
+            return "the server does not know the current global weights (clients decrypt them)"
+        try:
+            arch = Arch(knowledge.build_model(), pad_id=-1)
+        except ValueError as err:
+            return str(err)
+        if len(arch.layers) < 2:
+            return "needs at least two transformer layers"
+        names = [p.grad_name for p in arch.layers[:2]]
+        if any(n not in view.visible for n in names):
+            return "the first two layers' projections are not trained, so their gradients are not sent"
+        if all(not bool(view.visible[n].any()) for n in names):
+            return "the first two layers' projection gradients are entirely hidden from the server"
+        if self.noise_filter and arch.kind == "encoder":
+            return "the noise-robust filtering is decoder-only (as in the official code)"
+        return None
+
+    # -- the attack --------------------------------------------------------------------------------
+    def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        model = knowledge.build_model()
+        state = dict(model.named_parameters()) | dict(model.named_buffers())
+        with torch.no_grad():
+            for name, value in knowledge.global_params.items():
+                state[name].copy_(value)
+        model.eval().to(self.device)
+        tok = knowledge.tokenizer
+        arch = Arch(model, int(tok.pad_token_id))
+        spans, rank, widths = self._spans(view, knowledge, arch, state)
+        timings = {"span_s": time.perf_counter() - start}
+        extra = {"matching": arch.kind, "rank": rank, "block_width": widths}
+        if spans is None:
+            return Reconstruction(texts=[""] * knowledge.batch_size, extra=extra | {"exact": 0} | timings)
+        drop = arch.special_ids(tok)
+        max_len = min(knowledge.input_shape[0], getattr(model, "max_positions", knowledge.input_shape[0]))
+        t = time.perf_counter()
+        if self.noise_filter:
+            tokens = noisy_layer1_tokens(arch, spans[0], max_len, drop, knowledge.batch_size, self.std_thresh)
+            timings["layer1_s"] = time.perf_counter() - t
+            exact, approx = noisy_decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.std_thresh)
+        else:
+            tokens, specials = layer1_tokens(arch, spans[0], self.l1, max_len, drop)
+            timings["layer1_s"] = time.perf_counter() - t
+            if arch.kind == "decoder":
+                exact, approx = decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.l2, self.distinct)
+            else:
+                ends = [p for p, hits in enumerate(specials) if tok.sep_token_id in hits and p > 1]
+                exact, approx = encoder_search(arch, spans[1], tokens, ends, tok.cls_token_id, tok.sep_token_id,
+                                               knowledge.batch_size, self.max_combinations, self.distinct), []
+        timings["layer2_s"] = time.perf_counter() - t - timings["layer1_s"]
+        chosen, n_exact = assemble(exact, approx, knowledge.batch_size, self.l2, self.distinct)
+        texts = [tok.decode(s, skip_special_tokens=True) for s in chosen]
+        texts += [""] * (knowledge.batch_size - len(texts))
+        extra |= {"exact": n_exact, "layer1_tokens": [len(t) for t in tokens]} | timings
+        return Reconstruction(texts=texts, extra=extra)
+
+    def _spans(self, view: ServerView, knowledge: Knowledge, arch: Arch, state: dict):
+        """Spans of layers 1 and 2 at the estimated rank, or None when a layer has no visible block."""
+        blocks = []
+        for proj in arch.layers[:10]:
+            if proj.grad_name not in view.values:
+                break
+            grad = knowledge.gradient(view, proj.grad_name)
+            visible = view.visible[proj.grad_name]
+            if proj.transpose:
+                grad, visible = grad.T, visible.T
+            transform = None
+            if proj.lora_a is not None:
+                a_grad = knowledge.gradient(view, proj.lora_a)
+                a_vis = view.visible[proj.lora_a]
+                if bool(a_vis.all()) and float(a_grad.abs().max()) > 0:   # B != 0: grad A spans the inputs
+                    grad, visible = a_grad, a_vis
+                else:                                                    # B == 0: grad B spans {A x}
+                    transform = state[proj.lora_a].detach().float().to(self.device)
+            block, coords = visible_block(grad, visible)
+            blocks.append((block, coords, transform))
+        ranks, vectors = [], []
+        for block, coords, _ in blocks:
+            if block.numel() == 0:
+                ranks.append(0)
+                vectors.append(None)
+                continue
+            singular, vecs = spectrum(block)
+            ranks.append(rank_of(singular, tuple(block.shape), self.rank_tol))
+            vectors.append(vecs)
+        widths = [int(b.shape[1]) for b, _, _ in blocks]
+        if len(blocks) < 2 or vectors[0] is None or vectors[1] is None:
+            return None, 0, widths
+        rank = max(ranks)
+        if knowledge.update_kind == "delta":
+            rank += self.fedavg_extra_rank
+        rank = max(1, min(rank, min(widths[:2]) - self.rank_cutoff))
+        spans = []
+        for (block, coords, transform), vecs in zip(blocks[:2], vectors[:2]):
+            span = make_span(vecs.to(self.device), rank, transform,
+                             coords.to(self.device) if coords is not None else None)
+            spans.append(span)
+        return spans, rank, widths

@@ -1,0 +1,67 @@
+"""DAGER's linear algebra: rank estimate, span basis, and the distance of candidates to the span.
+
+For a linear map applied to token inputs X, the weight gradient is delta^T X: its rows lie
+in span{x_t}. The rank is estimated as numpy's matrix_rank does (singular values above
+tol, default sigma_max * max(M, N) * eps of the gradient's dtype), here from the
+eigenvalues of the float64 Gram matrix G^T G, which resolves singular values far below
+that tolerance and costs one d x d eigendecomposition. The distance of a candidate v is
+||v/|v| - P v/|v|||_2 (DAGER's check_if_in_span, l2), computed directly against an
+orthonormal basis of the span when its rank is under d/2 and against one of its
+orthogonal complement otherwise: either way one float32 matmul of width min(k, d - k),
+with no 1 - |Pv|^2 cancellation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Span:
+    """An orthonormal basis of a row space (or of its complement), with the rank used."""
+
+    basis: torch.Tensor          # (d, k) if complement is False, else (d, d - k); float32
+    complement: bool
+    rank: int
+    transform: torch.Tensor | None = None   # (r, d): candidates are mapped v -> A v first (LoRA grad B)
+    coords: torch.Tensor | None = None      # visible input coordinates kept (partial views)
+
+    def distance(self, v: torch.Tensor) -> torch.Tensor:
+        """l2 distance of each unit-normalized row of v (..., d_in) to the span, shape (...)."""
+        v = v.float()
+        if self.transform is not None:
+            v = v @ self.transform.T
+        if self.coords is not None:
+            v = v[..., self.coords]
+        v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        if self.complement:
+            return (v @ self.basis).norm(dim=-1)
+        return (v - (v @ self.basis) @ self.basis.T).norm(dim=-1)
+
+
+def spectrum(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(singular values descending, right singular vectors as columns) of mat (m, d), via float64 G^T G."""
+    g = mat.double()
+    evals, evecs = torch.linalg.eigh(g.T @ g)
+    order = torch.argsort(evals, descending=True)
+    return evals[order].clamp_min(0).sqrt(), evecs[:, order]
+
+
+def rank_of(singular: torch.Tensor, shape: tuple[int, int], tol: float | None,
+            dtype: torch.dtype = torch.float32) -> int:
+    """numpy.linalg.matrix_rank's rule on precomputed singular values."""
+    if singular.numel() == 0 or float(singular[0]) == 0.0:
+        return 0
+    if tol is None:
+        tol = float(singular[0]) * max(shape) * torch.finfo(dtype).eps
+    return int((singular > tol).sum())
+
+
+def make_span(vectors: torch.Tensor, rank: int, transform: torch.Tensor | None = None,
+              coords: torch.Tensor | None = None) -> Span:
+    """Span of the top-`rank` right singular vectors (vectors: (d, d) from `spectrum`)."""
+    d = vectors.shape[0]
+    if rank <= d // 2:
+        return Span(vectors[:, :rank].float().contiguous(), False, rank, transform, coords)
+    return Span(vectors[:, rank:].float().contiguous(), True, rank, transform, coords)

@@ -1,0 +1,142 @@
+"""DAGER: exact text recovery on small GPT-2 / LoRA / MiniLM models, its metrics, and load-time checks."""
+import pytest
+import torch
+
+from attacks.dager import visible_block
+from attacks.dager_span import make_span, rank_of, spectrum
+from bench.attack import Reconstruction
+from bench.cli import main
+from bench.runner import run_group
+from bench.spec import parse_suite
+from metrics.schema import Evidence
+from metrics.text import exact_match, rouge1, rouge2, token_acc
+
+
+def _suite(dataset, model, model_params, defenses=("plaintext",), attack_params=None, **scenario):
+    sc = {"name": "s", "dataset": dataset, "model": model, "model_params": model_params, "num_clients": 1,
+          "clients_per_round": 1, "rounds": 1, "max_train": 40, "max_test": 4, "seq_len": 64, "batch_size": 8,
+          "lr": 0.01, "attack_batch_size": 2, "attack_repeats": 2, **scenario}
+    return parse_suite({"name": "t", "scenarios": [sc], "defenses": [{"name": d} for d in defenses],
+                        "attacks": [{"name": "dager", "params": attack_params or {}}]})
+
+
+def _run(suite, root):
+    return [r for cell in suite.cells for r in run_group([cell], root)]
+
+
+def test_span_distance_separates_members_from_random_vectors():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 64, generator=gen)
+    grad = torch.randn(300, 10, generator=gen) @ x            # rows in span{x_t}
+    singular, vecs = spectrum(grad)
+    rank = rank_of(singular, tuple(grad.shape), None)
+    assert rank == 10
+    for span in (make_span(vecs, rank), make_span(vecs, 40)):   # basis and complement paths
+        inside = span.distance(x)
+        assert float(inside.max()) < 1e-5 if span.rank == 10 else True
+    span = make_span(vecs, rank)
+    assert float(span.distance(torch.randn(50, 64, generator=gen)).min()) > 0.5
+
+
+def test_visible_block_keeps_only_fully_visible_rows_or_columns():
+    grad = torch.arange(12.0).reshape(4, 3)
+    vis = torch.ones(4, 3, dtype=torch.bool)
+    vis[0, 1] = False
+    block, coords = visible_block(grad, vis)
+    assert coords is None and block.shape == (3, 3)
+    vis[:, 2] = False
+    vis[0, 1] = True
+    block, coords = visible_block(grad, vis)
+    assert coords.tolist() == [0, 1] and block.shape == (4, 2)
+
+
+def test_decoder_matching_and_rouge_metrics(data_root):
+    from bench.datasets import encode, get_tokenizer, resolve_data_root
+    tok = get_tokenizer(resolve_data_root(data_root))
+    refs = ["a gripping film", "dull and slow"]
+    x = encode(tok, refs, 8)
+
+    class K:
+        tokenizer = tok
+
+    class T:
+        pass
+    truth = T()
+    truth.x = x
+    rec = Reconstruction(texts=["dull and slow", "a gripping movie"], extra={"matching": "decoder"})
+    ev = Evidence(rec, truth, None, K())
+    assert rec.extra == {"matching": "decoder"} and rouge1(ev) == pytest.approx((1.0 + 2 / 3) / 2)
+    assert rec.extra["_matched"] == (["a gripping movie", "dull and slow"], refs)
+    assert rouge2(ev) == pytest.approx(0.75) and exact_match(ev) == 0.5
+    assert token_acc(ev) == pytest.approx(6 / 7)   # 'a gripping film' is 4 BPE tokens: 3 of 4, then 3 of 3
+
+
+def test_gpt2_fedsgd_batch_is_recovered_exactly(data_root):
+    suite = _suite("sst2-cls", "gpt2", {"n_embd": 128, "n_head": 4})
+    [rec] = _run(suite, data_root)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["metrics"]["rouge1"] == 1.0 and rec["metrics"]["exact_match"] == 1.0   # (ROUGE-2 of a one-word
+    assert rec["metrics"]["token_acc"] == 1.0                                            # sentence is 0 by definition)
+    texts = rec["details"]["texts"][0]
+    assert sorted(texts["recovered"]) == sorted(texts["reference"]) and len(texts["reference"]) == 2
+
+
+def test_lora_grad_b_recovers_when_rank_exceeds_tokens(data_root):
+    suite = _suite("sst2-cls", "gpt2-lora", {"n_embd": 128, "n_head": 4, "lora_r": 96}, attack_batch_size=1,
+                   attack_repeats=1)
+    [rec] = _run(suite, data_root)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["metrics"]["rouge1"] >= 0.99
+
+
+def test_fully_encrypted_view_is_blocked_by_design(data_root):
+    suite = _suite("sst2-cls", "gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, defenses=("fedhe-full",),
+                   attack_repeats=1)
+    [he] = _run(suite, data_root)
+    assert he["status"] == "blocked" and "empty" in he["reason"]
+
+
+def test_dager_is_blocked_on_images():
+    suite = parse_suite({"name": "t", "scenarios": [{"name": "s", "dataset": "digits", "model": "mlp",
+                         "num_clients": 1, "clients_per_round": 1, "rounds": 1, "max_train": 20, "max_test": 10}],
+                         "defenses": [{"name": "plaintext"}], "attacks": [{"name": "dager"}]})
+    [rec] = list(run_group(list(suite.cells), None))
+    assert rec["status"] == "blocked" and "tokenized text" in rec["reason"]
+
+
+def _toml(tmp_path, dataset="sst2-cls", model_params='{ n_embd = 64, n_head = 2 }', seq_len=64):
+    path = tmp_path / "s.toml"
+    path.write_text(f'''name = "x"
+[[scenarios]]
+name = "s"
+dataset = "{dataset}"
+model = "gpt2"
+model_params = {model_params}
+seq_len = {seq_len}
+max_train = 20
+max_test = 4
+[[defenses]]
+name = "plaintext"
+[[attacks]]
+name = "dager"
+''')
+    return str(path)
+
+
+def test_text_scenarios_fail_at_load_with_one_line(tmp_path, capsys, data_root, monkeypatch):
+    monkeypatch.delenv("LEAKBENCH_DATA", raising=False)
+    out = str(tmp_path / "out")
+    assert main(["run", _toml(tmp_path), "--out", out]) == 2                       # no data root
+    assert "needs" in capsys.readouterr().err
+    empty = tmp_path / "root"
+    (empty / "text").symlink_to(__import__("pathlib").Path(data_root) / "text", target_is_directory=True) \
+        if empty.mkdir() is None else None
+    assert main(["run", _toml(tmp_path), "--out", out, "--data-root", str(empty)]) == 2   # no tokenizer
+    err = capsys.readouterr().err
+    assert "gpt2/vocab.json" in err and len(err.strip().splitlines()) == 1
+    too_long = _toml(tmp_path, model_params='{ n_embd = 64, n_head = 2, n_positions = 16 }')
+    assert main(["run", too_long, "--out", out, "--data-root", data_root]) == 2    # longer than positions
+    err = capsys.readouterr().err
+    assert "positions" in err and len(err.strip().splitlines()) == 1
+    assert main(["run", _toml(tmp_path, seq_len=8), "--out", out, "--data-root", data_root]) == 2
+    assert "seq_len" in capsys.readouterr().err
