@@ -23,6 +23,7 @@ GRID_DEFENSES = [
     ("dictpfl", {}),
     ("fedhe-top2", {}),
     ("base", {}),
+    ("gaussian-noise", {"sigma": 1e-3}),
 ]
 GRID_ATTACKS = [
     ("idlg", {"steps": 3}),
