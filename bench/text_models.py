@@ -47,6 +47,11 @@ class TextModel(nn.Module):
         self.max_positions = max_positions
         self.tokenizer = tokenizer
 
+    @property
+    def config(self):
+        """The transformers config (n_positions, vocab size, ...) of the wrapped network."""
+        return self.net.config
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(input_ids=x, attention_mask=(x != self.pad_id).long()).logits
 
@@ -58,7 +63,7 @@ def _need_text(data: Dataset, model: str) -> None:
 
 
 def _check_length(data: Dataset, model: str, positions: int) -> None:
-    longest = max(data.input_shape[0], data.max_tokens or 0)
+    longest = max(data.input_shape[0], getattr(data, "max_tokens", None) or 0)
     if longest > positions:
         raise ValueError(f"dataset '{data.name}' has sequences of {longest} tokens but model '{model}' has "
                          f"{positions} positions; lower seq_len / max_train or raise n_positions")
