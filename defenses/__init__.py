@@ -1,3 +1,3 @@
 """Built-in defenses; importing the package registers each one."""
 from defenses import (base, dictpfl, dp, maskcrypt, noise, plaintext, selective, selectiveshield,  # noqa: F401
-                      sensecrypt)
+                      sensecrypt, shelora)

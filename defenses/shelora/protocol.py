@@ -1,0 +1,292 @@
+"""The she-lora and flex-lora defenses: the hooks that run SHE-LoRA's rounds in the federation engine.
+
+setup        keys (shared client key; the server's public context has galois keys, no secret),
+             the OPE key, each client's rank r_i and budget gamma_i from its device (the server
+             keeps both, appendix D.1.2); each client's LoRA is cut to its rank.
+round_start  first round only: HE subset negotiation over OPE (negotiation.py) from each client's
+             column importance at its trained adapter on `calibration` of its own sequences.
+encode       the client's trained factors: B_i and the swapped plaintext columns of A_i in clear,
+             its first k_i negotiated columns as CKKS blocks; its OPE request rides in meta.
+aggregate    column-aware: sum_i w_i B_i A_i^plain over each plaintext column, sum_i w_i B_i
+             A_i^cipher under HE; SVD of the plaintext part (sliced to the largest rank).
+decode/merge every client decrypts, merges (eq. 4) and re-factors to its rank (client.local);
+             the engine's global model is the same merge at the model's rank.
+Choices: the wire carries factors, not deltas, as the paper and the authors' code do, so an
+attack's view holds the uploaded adapter (in swapped column order). Every client receives all
+aggregated blocks (the exact FedAvg of Delta W) rather than the paper's truncation to its own
+budget. Budgets: k_i = max(min_columns, floor(n * gamma_i)) columns per layer when gamma_i > 0,
+so a budget below one column still encrypts one (the tiny model has n = 64 columns).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from bench.crypto.params import KeyMaterial
+from bench.defense import Defense
+from bench.registry import DEFENSES
+from bench.wire import CipherPart, Payload, PlainPart
+from defenses.shelora import he, lora, negotiation
+from metrics.leakage import kde_mutual_information
+
+RULES = ("max", "min", "random")
+
+
+@DEFENSES.register("she-lora", "SHE-LoRA: OPE-negotiated column subsets of LoRA-A under CKKS, server-side "
+                               "B*A^cipher, column-aware aggregation, SVD reparameterization to each rank")
+class SheLoRA(Defense):
+    key_topology = "shared-client-key"
+
+    def __init__(self, budget: float | None = None, rule: str = "max", chunk: int = 4, calibration: int = 128,
+                 min_columns: int = 1, sigma: float = 0.0) -> None:
+        if budget is not None and not 0.0 <= budget <= 1.0:
+            raise ValueError(f"budget must be in [0, 1] (a fraction of A's columns), got {budget}")
+        if rule not in RULES:
+            raise ValueError(f"rule '{rule}' must be one of {', '.join(RULES)}")
+        if chunk < 1 or calibration < 1 or min_columns < 0 or sigma < 0:
+            raise ValueError("chunk and calibration must be >= 1, min_columns and sigma >= 0")
+        super().__init__(budget=budget, rule=rule, chunk=chunk, calibration=calibration, min_columns=min_columns,
+                         sigma=sigma)
+        self.opt = dict(self.params)
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def setup(self, fed) -> None:
+        self.layers = lora.layers(fed.names)
+        if not self.layers or len(fed.names) != 2 * len(self.layers):
+            raise ValueError(f"{self.__class__.__name__}: model '{fed.scenario.model}' must train LoRA adapters "
+                             "only (e.g. gpt2-lora)")
+        first = self.layers[0]
+        self.r_max, self.n = fed.shapes[first.a]
+        self.m = fed.shapes[first.b][0]
+        self.ranks, self.ks = {}, {}
+        for c in fed.clients:
+            rank = c.device.lora_rank or self.r_max
+            if rank > self.r_max:
+                raise ValueError(f"device '{c.device.type}' of {c.name} has LoRA rank {rank}, above the model's "
+                                 f"{self.r_max}; raise the scenario's model_params.lora_r to at least {rank}")
+            self.ranks[c.name], self.ks[c.name] = rank, self._columns(c)
+            fed.send(c.name, "server", "LoRA rank and HE budget", 12)
+        self.key = None
+        if any(self.ks.values()):
+            self.key = he.keygen()
+            public = self.key.public_only()
+            fed.parties["server"].keys["ckks"] = public
+            fed.send("key-server", "server", "ckks public context with galois keys", public.public)
+            ope_key = os.urandom(16)
+            for c in fed.clients:
+                c.party.keys["ckks"] = self.key
+                c.party.keys["ope"] = KeyMaterial("ope", b"", ope_key, {})
+                fed.send("key-server", c.name, "ckks context and OPE key", len(self.key.secret) + len(ope_key))
+        start = fed.params()
+        for c in fed.clients:
+            c.local = {n: t.clone() for n, t in start.items()}
+            for layer in self.layers:
+                c.local[layer.a][self.ranks[c.name]:] = 0.0
+                c.local[layer.b][:, self.ranks[c.name]:] = 0.0
+        self.order: dict[str, list[int]] | None = None
+        self.requests: dict[str, bytes] = {}
+        self.observed: dict | None = None
+
+    def _columns(self, client) -> int:
+        gamma = self.opt["budget"] if self.opt["budget"] is not None else client.device.he_budget
+        if gamma <= 0:
+            return 0
+        return int(min(self.n, max(self.opt["min_columns"], np.floor(self.n * gamma + 1e-9))))
+
+    # -- negotiation ---------------------------------------------------------------------------------
+    def round_start(self, fed, round: int, clients: list, updates: dict) -> None:
+        if self.order is not None:
+            return
+        if not any(self.ks[c.name] for c in clients):
+            self.order = {layer.a: [] for layer in self.layers}
+            return
+        per_layer: dict[str, list] = {layer.a: [] for layer in self.layers}
+        for c in clients:
+            trained = self._trained(fed, c, updates[c.name])
+            model = fed.new_model()
+            state = dict(model.named_parameters())
+            with torch.no_grad():
+                for name, value in trained.items():
+                    state[name].copy_(value)
+            norms = lora.feature_norms(model, [layer.module for layer in self.layers],
+                                       c.x[: self.opt["calibration"]])
+            cipher = negotiation.OrderCipher(c.party.keys["ope"].secret)
+            blobs = []
+            for layer in self.layers:
+                score = lora.importance(trained[layer.a][: self.ranks[c.name]].double().numpy(),
+                                        norms[layer.module])
+                cols = self._select(fed, c, score)
+                pos, sc = cipher.positions(cols), cipher.scores(score[cols])
+                blobs.append(negotiation.encode_message(pos, sc))
+                per_layer[layer.a].append((self.ks[c.name], pos, sc))
+            self.requests[c.name] = b"".join(len(b).to_bytes(4, "big") + b for b in blobs)
+        wire = {a: negotiation.negotiate(reqs) for a, reqs in per_layer.items()}   # server: OPE values only
+        self.server_order = wire
+        self.order = {}
+        for c in fed.clients:
+            fed.send("server", c.name, "negotiated HE subset (OPE)", 8 * sum(len(v) for v in wire.values()))
+        opener = negotiation.OrderCipher(clients[0].party.keys["ope"].secret)
+        self.order = {a: opener.open_positions(v) for a, v in wire.items()}
+
+    def _select(self, fed, client, score: np.ndarray) -> list[int]:
+        k = self.ks[client.name]
+        rule = self.opt["rule"]
+        if rule == "random":
+            rng = np.random.default_rng([fed.scenario.seed, client.index, 0x5E])
+            return [int(j) for j in rng.permutation(self.n)[:k]]
+        ranked = np.argsort(-score if rule == "max" else score, kind="stable")
+        return [int(j) for j in ranked[:k]]
+
+    def _trained(self, fed, client, update) -> dict[str, torch.Tensor]:
+        start = client.merged(fed.params())
+        return {n: start[n] + update[n] for n in fed.names}
+
+    # -- client upload -------------------------------------------------------------------------------
+    def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
+        trained = self._trained(fed, client, update)
+        r, k = self.ranks[client.name], self.ks[client.name]
+        rng = np.random.default_rng([fed.scenario.seed, fed.round, client.index, 0xD9])
+        plain, cipher = {}, []
+        attacked = (client.index == fed.scenario.attack_client and fed.round == fed.scenario.attack_round
+                    and self.observed is None)
+        if attacked:
+            self.observed = {}
+        for layer in self.layers:
+            a = trained[layer.a].double().numpy()[:r]
+            b = trained[layer.b].double().numpy()[:, :r]
+            if self.opt["sigma"]:
+                a = a + rng.normal(0.0, self.opt["sigma"], a.shape)
+                b = b + rng.normal(0.0, self.opt["sigma"], b.shape)
+            order = self.order[layer.a]
+            swap = lora.swap_order(self.n, order)
+            shown = np.zeros((self.r_max, self.n))
+            shown[:r] = a[:, swap]
+            mask = np.zeros((self.r_max, self.n), bool)
+            mask[:r, : self.n - k] = True
+            plain[layer.a] = PlainPart.of(torch.from_numpy(shown), mask)
+            b_full = np.zeros((self.m, self.r_max))
+            b_full[:, :r] = b
+            b_mask = np.zeros((self.m, self.r_max), bool)
+            b_mask[:, :r] = True
+            plain[layer.b] = PlainPart.of(torch.from_numpy(b_full), b_mask)
+            if k:
+                with fed.meter.time("he_encrypt_s"):
+                    blobs = he.encrypt_blocks(client.party.keys["ckks"], a[:, order[:k]], self.opt["chunk"])
+                cipher.append(CipherPart("ckks", tuple(blobs), ((layer.a, ~mask & (np.arange(self.r_max) < r)[:, None]),),
+                                         r * k))
+            if attacked:
+                seen = np.zeros_like(a)
+                seen[:, swap[: self.n - k]] = a[:, swap[: self.n - k]]
+                self.observed[layer.a] = (a, seen)
+        meta = {"she-lora negotiation (OPE)": self.requests.pop(client.name)} if client.name in self.requests else {}
+        return Payload(plain=plain, cipher=tuple(cipher), meta=meta)
+
+    # -- server --------------------------------------------------------------------------------------
+    def aggregate(self, fed, uploads: list, server) -> Payload:
+        k_min = min(self.ks[u.sender] for u in uploads)
+        k_max = max(self.ks[u.sender] for u in uploads)
+        meta, cipher = {}, []
+        self.shapes_k = (k_min, k_max)
+        for layer in self.layers:
+            total = np.zeros((self.m, self.n - k_min))
+            adder = he.BlockAggregator(server.keys["ckks"], self.m, self.opt["chunk"]) if k_max else None
+            for up in uploads:
+                r, k = self.ranks[up.sender], self.ks[up.sender]
+                b = up.payload.plain[layer.b].values().astype(np.float64).reshape(self.m, r)
+                a = up.payload.plain[layer.a].values().astype(np.float64).reshape(r, self.n - k)
+                total[:, : self.n - k] += up.weight * (b @ a)
+                if k:
+                    part = next(p for p in up.payload.cipher if p.layout[0][0] == layer.a)
+                    with fed.meter.time("he_aggregate_s"):
+                        adder.add(list(part.blobs), b, up.weight, k)
+            b_p, a_p = lora.svd_factors(total, self.r_max)
+            meta[layer.a + "/plain-svd"] = np.concatenate([b_p.ravel(), a_p.ravel()]).astype("<f4").tobytes()
+            if k_max:
+                mask = np.zeros((self.r_max, self.n), bool)
+                mask[0, self.n - k_max:] = True
+                cipher.append(CipherPart("ckks", tuple(adder.blobs()), ((layer.a, mask),), self.m * k_max))
+        return Payload(cipher=tuple(cipher), meta=meta)
+
+    # -- clients -------------------------------------------------------------------------------------
+    def _delta_w(self, fed, aggregate: Payload, party, layer) -> tuple[tuple, np.ndarray, np.ndarray]:
+        """(plaintext factors, m x k_max decrypted columns in swapped order, the swap) of one layer."""
+        k_min, k_max = self.shapes_k
+        width = self.n - k_min
+        flat = np.frombuffer(aggregate.meta[layer.a + "/plain-svd"], "<f4").astype(np.float64)
+        rank = min(self.r_max, self.m, width)
+        b_p = flat[: self.m * rank].reshape(self.m, rank)
+        a_p = flat[self.m * rank:].reshape(rank, width)
+        cols = np.zeros((self.m, k_max))
+        if k_max:
+            part = next(p for p in aggregate.cipher if p.layout[0][0] == layer.a)
+            with fed.meter.time("he_decrypt_s"):
+                cols = he.decrypt_blocks(party.keys["ckks"], list(part.blobs), self.m, k_max, self.opt["chunk"])
+        return (b_p, a_p), cols[:, ::-1], lora.swap_order(self.n, self.order[layer.a])
+
+    def _refactor(self, fed, aggregate, party, rank: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for layer in self.layers:
+            (b_p, a_p), cols, swap = self._delta_w(fed, aggregate, party, layer)
+            b_hat, a_hat = lora.reparameterize((b_p[:, :rank], a_p[:rank]), cols, swap, rank)
+            b_full, a_full = np.zeros((self.m, self.r_max)), np.zeros((self.r_max, self.n))
+            b_full[:, :rank], a_full[:rank] = b_hat, a_hat
+            out[layer.b] = torch.from_numpy(b_full).float()
+            out[layer.a] = torch.from_numpy(a_full).float()
+        return out
+
+    def decode(self, fed, aggregate: Payload, party) -> dict[str, torch.Tensor]:
+        current = fed.params()
+        new = self._refactor(fed, aggregate, party, self.r_max)
+        self.last = (aggregate, party)
+        return {n: new[n] - current[n] for n in fed.names}
+
+    def merge(self, fed, client, global_update) -> None:
+        aggregate, _ = self.last
+        client.local = self._refactor(fed, aggregate, client.party, self.ranks[client.name])
+
+    # -- measurements --------------------------------------------------------------------------------
+    def run_metrics(self, fed) -> dict:
+        out: dict = {"she_lora": {"ranks": dict(self.ranks), "columns": dict(self.ks),
+                                  "order": {a: list(v) for a, v in (self.order or {}).items()}}}
+        if self.observed:
+            full = np.concatenate([a.ravel() for a, _ in self.observed.values()])
+            seen = np.concatenate([s.ravel() for _, s in self.observed.values()])
+            out["kde_mi_lora_a"] = kde_mutual_information(full, seen)
+        if hasattr(self, "last"):
+            aggregate, party = self.last
+            true_w, masked_w = {}, {}
+            for layer in self.layers:
+                (b_p, a_p), cols, swap = self._delta_w(fed, aggregate, party, layer)
+                plain = np.zeros((self.m, self.n))
+                plain[:, : a_p.shape[1]] = b_p @ a_p
+                full = plain.copy()
+                full[:, self.n - cols.shape[1]:] += cols
+                true_w[layer], masked_w[layer] = np.zeros_like(full), np.zeros_like(plain)
+                true_w[layer][:, swap], masked_w[layer][:, swap] = full, plain
+            out["perplexity_true"] = self._perplexity(fed, true_w)
+            out["perplexity_masked"] = self._perplexity(fed, masked_w)
+        return out
+
+    def _perplexity(self, fed, delta: dict) -> float:
+        """Perplexity of the base model plus scaling * Delta W per layer (LoRA factors zeroed)."""
+        model = fed.new_model()
+        modules = dict(model.named_modules())
+        state = dict(model.named_parameters())
+        with torch.no_grad():
+            for layer, w in delta.items():
+                mod = modules[layer.module]
+                state[layer.b].zero_()
+                mod.base_layer.weight += float(mod.scaling["default"]) * torch.from_numpy(w.T).float()
+        return float(fed.task.evaluate(model, fed.data.test_x, fed.data.test_y)["perplexity"])
+
+
+@DEFENSES.register("flex-lora", "Flex-LoRA: heterogeneous-rank LoRA, plaintext Delta W aggregation and SVD "
+                                "to each rank; sigma adds Gaussian noise to the upload (Flex-LoRA-DP)")
+class FlexLoRA(SheLoRA):
+    key_topology = "none"
+
+    def __init__(self, sigma: float = 0.0) -> None:
+        super().__init__(budget=0.0, sigma=sigma)
+        self.params = {"sigma": sigma}
