@@ -24,7 +24,12 @@ GRID_DEFENSES = [
     ("fedhe-top2", {}),
     ("base", {}),
     ("gaussian-noise", {"sigma": 1e-3}),
+    ("she-lora", {"budget": 0.1}),
+    ("flex-lora", {"sigma": 0.001}),
 ]
+LORA_ONLY = {"she-lora", "flex-lora"}   # defenses of LoRA adapters: a tiny LM on SST-2 (needs the data root)
+TEXT = {"dataset": "sst2", "model": "gpt2-lora", "model_params": {"n_embd": 32, "n_layer": 1, "n_head": 2},
+        "max_train": 32, "max_test": 48, "seq_len": 12, "batch_size": 8, "lr": 0.05}
 GRID_ATTACKS = [
     ("idlg", {"steps": 3}),
     ("ilrg", {}),
@@ -47,11 +52,16 @@ MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary dat
 
 
 @pytest.mark.parametrize("defense", GRID_DEFENSES, ids=[d for d, _ in GRID_DEFENSES])
-def test_defense_runs_against_every_attack(defense):
+def test_defense_runs_against_every_attack(defense, request):
     tiny = defense[0] in ("paillier-full",)  # per-value Paillier: a model small enough for seconds
-    suite = tiny_suite([defense], GRID_ATTACKS, model="mlp-tiny" if tiny else "lenet5-sigmoid", attack_batch_size=2,
-                       **MIA)
-    records = list(run_group(list(suite.cells), None))
+    if defense[0] in LORA_ONLY:
+        root = request.getfixturevalue("data_root")
+        suite = tiny_suite([defense], GRID_ATTACKS, attack_batch_size=2, **(TEXT | MIA))
+    else:
+        root = None
+        suite = tiny_suite([defense], GRID_ATTACKS, model="mlp-tiny" if tiny else "lenet5-sigmoid",
+                           attack_batch_size=2, **MIA)
+    records = list(run_group(list(suite.cells), root))
     assert len(records) == len(GRID_ATTACKS)
     for rec in records:
         assert rec["status"] in ("ok", "blocked"), rec["reason"]

@@ -256,17 +256,22 @@ class SheLoRA(Defense):
             out["kde_mi_lora_a"] = kde_mutual_information(full, seen)
         if hasattr(self, "last"):
             aggregate, party = self.last
-            true_w, masked_w = {}, {}
-            for layer in self.layers:
-                (b_p, a_p), cols, swap = self._delta_w(fed, aggregate, party, layer)
-                plain = np.zeros((self.m, self.n))
-                plain[:, : a_p.shape[1]] = b_p @ a_p
-                full = plain.copy()
-                full[:, self.n - cols.shape[1]:] += cols
-                true_w[layer], masked_w[layer] = np.zeros_like(full), np.zeros_like(plain)
-                true_w[layer][:, swap], masked_w[layer][:, swap] = full, plain
-            out["perplexity_true"] = self._perplexity(fed, true_w)
-            out["perplexity_masked"] = self._perplexity(fed, masked_w)
+            out["perplexity_true"] = self._perplexity(fed, self.delta_w(fed, aggregate, party))
+            out["perplexity_masked"] = self._perplexity(fed, self.delta_w(fed, aggregate, party, masked=True))
+        return out
+
+    def delta_w(self, fed, aggregate: Payload, party, masked: bool = False) -> dict:
+        """The aggregated Delta W of every layer in original column order, as a key holder decrypts it;
+        masked: only the plaintext part, what the aggregation server can use (encrypted columns as 0)."""
+        out = {}
+        for layer in self.layers:
+            (b_p, a_p), cols, swap = self._delta_w(fed, aggregate, party, layer)
+            w = np.zeros((self.m, self.n))
+            w[:, : a_p.shape[1]] = b_p @ a_p
+            if not masked and cols.shape[1]:
+                w[:, self.n - cols.shape[1]:] += cols
+            out[layer] = np.zeros_like(w)
+            out[layer][:, swap] = w
         return out
 
     def _perplexity(self, fed, delta: dict) -> float:
