@@ -51,3 +51,10 @@ metric("accuracy_own_labels", "", False, "utility", "mean over clients of its mo
        "distribution", per_target=False)(run_value("accuracy_own_labels"))
 metric("pruned_fraction", "", None, "cost", "mean fraction of update entries left off the wire per round (DictPFL "
        "encryption-aware pruning)", per_target=False)(run_value("pruned_fraction"))
+metric("kde_mi_lora_a", "nats", True, "privacy", "SHE-LoRA Fig. 10: KDE mutual information between the attacked client's "
+       "LoRA-A factors and what the server sees of them (encrypted columns as 0)", per_target=False)(
+    run_value("kde_mi_lora_a"))
+metric("perplexity_true", "", True, "utility", "SHE-LoRA Table 14: perplexity of the base model plus the decrypted "
+       "aggregated Delta W", fmt="{:.1f}", per_target=False)(run_value("perplexity_true"))
+metric("perplexity_masked", "", None, "privacy", "SHE-LoRA Table 14: perplexity with the encrypted columns of Delta W "
+       "zeroed (the server's usable model)", fmt="{:.1f}", per_target=False)(run_value("perplexity_masked"))

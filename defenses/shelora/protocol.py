@@ -20,6 +20,7 @@ so a budget below one column still encrypts one (the tiny model has n = 64 colum
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import torch
@@ -88,6 +89,7 @@ class SheLoRA(Defense):
         self.order: dict[str, list[int]] | None = None
         self.requests: dict[str, bytes] = {}
         self.observed: dict | None = None
+        self.costs: dict[str, list] = {}
 
     def _columns(self, client) -> int:
         gamma = self.opt["budget"] if self.opt["budget"] is not None else client.device.he_budget
@@ -153,6 +155,7 @@ class SheLoRA(Defense):
                     and self.observed is None)
         if attacked:
             self.observed = {}
+        enc_s = 0.0
         for layer in self.layers:
             a = trained[layer.a].double().numpy()[:r]
             b = trained[layer.b].double().numpy()[:, :r]
@@ -172,8 +175,10 @@ class SheLoRA(Defense):
             b_mask[:, :r] = True
             plain[layer.b] = PlainPart.of(torch.from_numpy(b_full), b_mask)
             if k:
+                tic = time.perf_counter()
                 with fed.meter.time("he_encrypt_s"):
                     blobs = he.encrypt_blocks(client.party.keys["ckks"], a[:, order[:k]], self.opt["chunk"])
+                enc_s += time.perf_counter() - tic
                 cipher.append(CipherPart("ckks", tuple(blobs), ((layer.a, ~mask & (np.arange(self.r_max) < r)[:, None]),),
                                          r * k))
             if attacked:
@@ -181,7 +186,9 @@ class SheLoRA(Defense):
                 seen[:, swap[: self.n - k]] = a[:, swap[: self.n - k]]
                 self.observed[layer.a] = (a, seen)
         meta = {"she-lora negotiation (OPE)": self.requests.pop(client.name)} if client.name in self.requests else {}
-        return Payload(plain=plain, cipher=tuple(cipher), meta=meta)
+        payload = Payload(plain=plain, cipher=tuple(cipher), meta=meta)
+        self.costs.setdefault(client.device.type, []).append((payload.nbytes, payload.cipher_bytes, enc_s))
+        return payload
 
     # -- server --------------------------------------------------------------------------------------
     def aggregate(self, fed, uploads: list, server) -> Payload:
@@ -248,7 +255,9 @@ class SheLoRA(Defense):
 
     # -- measurements --------------------------------------------------------------------------------
     def run_metrics(self, fed) -> dict:
-        out: dict = {"she_lora": {"ranks": dict(self.ranks), "columns": dict(self.ks),
+        per_type = {t: {"upload_bytes": float(np.mean([c[0] for c in v])), "cipher_bytes": float(np.mean([c[1] for c in v])),
+                        "encrypt_s": float(np.mean([c[2] for c in v]))} for t, v in sorted(self.costs.items())}
+        out: dict = {"she_lora": {"ranks": dict(self.ranks), "columns": dict(self.ks), "by_device": per_type,
                                   "order": {a: list(v) for a, v in (self.order or {}).items()}}}
         if self.observed:
             full = np.concatenate([a.ravel() for a, _ in self.observed.values()])
