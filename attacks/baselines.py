@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attacks.idlg import idlg_labels
+from attacks.inversion import idlg_labels
 from bench.attack import Attack, Reconstruction, head_blocked
 from bench.registry import ATTACKS
 from bench.view import Knowledge, ServerView

@@ -32,6 +32,8 @@ TEXT = {"dataset": "sst2", "model": "gpt2-lora", "model_params": {"n_embd": 32, 
         "max_train": 32, "max_test": 48, "seq_len": 12, "batch_size": 8, "lr": 0.05}
 GRID_ATTACKS = [
     ("idlg", {"steps": 3}),
+    ("dlg", {"steps": 3}),
+    ("inverting-gradients", {"steps": 3, "restarts": 1}),
     ("ilrg", {}),
     ("ilrg-guarded", {}),
     ("idlg-extended", {}),
