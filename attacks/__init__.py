@@ -1,2 +1,2 @@
 """Built-in attacks; importing the package registers each one."""
-from attacks import baselines, dager, dlg, idlg, ilrg, inverting_gradients, mia  # noqa: F401
+from attacks import baselines, dager, dlg, idlg, ilrg, inverting_gradients, mia, negotiation  # noqa: F401

@@ -24,6 +24,8 @@ class Reconstruction:
     images: torch.Tensor | None = None       # (B, C, H, W) in [0, 1]
     texts: list[str] | None = None
     scores: np.ndarray | None = None         # membership score per candidate, higher = member
+    client_classes: np.ndarray | None = None   # bool per class: the classes the attacked client holds at all
+    read_meta: list[str] = field(default_factory=list)   # metadata keys of the view the attack used
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -26,7 +26,7 @@ from bench.pretrain import pretrain, split_public
 from bench.spec import Scenario
 from bench.tasks import TASKS
 from bench.view import Knowledge, ServerView
-from bench.wire import Payload, Traffic, Upload
+from bench.wire import Message, Payload, Traffic, Upload
 
 
 @dataclass
@@ -60,6 +60,7 @@ class Truth:
     y: torch.Tensor
     update: dict[str, torch.Tensor]
     member: np.ndarray | None = None     # membership label per candidate (1 = member), in candidate order
+    client_y: torch.Tensor | None = None   # every label the attacked client holds (what negotiation may leak)
 
 
 @dataclass
@@ -100,10 +101,13 @@ class Federation:
             total = int(np.prod(self.shapes[n])) if self.shapes[n] else 1
             self.encrypted.setdefault(n, []).append(counts[n] / total)
 
-    def send(self, sender: str, receiver: str, what: str, message: Payload | bytes | int) -> None:
-        size = message.nbytes if isinstance(message, Payload) else len(message) if isinstance(message, bytes) \
-            else int(message)
-        self.traffic.log(self.round, sender, receiver, what, size)
+    def send(self, sender: str, receiver: str, what: str, message: Payload | Message | bytes | int) -> None:
+        """Log a message; bytes and Messages travel in the clear and are kept as sent (bytes: opaque
+        layout), Payloads are upload-like bodies, an int is a size whose content is not modelled."""
+        if isinstance(message, bytes):
+            message = Message(message)
+        size = message.nbytes if isinstance(message, (Payload, Message)) else int(message)
+        self.traffic.log(self.round, sender, receiver, what, size, message if isinstance(message, Message) else None)
 
     def params(self) -> dict[str, torch.Tensor]:
         state = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
@@ -247,8 +251,9 @@ def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, k
             upload = Upload(client.name, fed.round, weight, defense.encode(fed, client, update, weight))
             if attacked:
                 told = y.tolist() if fed.scenario.labels_known else None
-                targets.append(Target(ServerView.of(upload, fed.shapes), Truth(x, y, update),
-                                      replace(knowledge, labels=told)))
+                sent = fed.traffic.sent_in_clear(client.name, "server")
+                truth = Truth(x, y, update, client_y=client.y)
+                targets.append(Target(ServerView.of(upload, fed.shapes, sent), truth, replace(knowledge, labels=told)))
             if rep == 0:
                 fed.send(client.name, "server", "upload", upload.payload)
                 fed.observe(upload)

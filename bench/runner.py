@@ -65,16 +65,19 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     reason = attack.blocked(run.targets[0].view, run.targets[0].knowledge)
     run_values = dict(run.metrics)
     if reason is not None:
-        return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), run.details)
+        details = dict(run.details) | {"sent_in_clear": sent_in_clear(run.targets[0].view, set())}
+        return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), details)
     from metrics.schema import Evidence
     per_target: dict[str, list] = {}
     evidence: dict[str, object] = {}   # metrics' extra details (raw scores, intervals), first upload's
     texts, info = [], []
     attack_time = 0.0
+    read: set[str] = set()
     for i, target in enumerate(run.targets):
         start = time.perf_counter()
         rec = attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i)
         attack_time += time.perf_counter() - start
+        read |= set(rec.read_meta)
         for m in METRICS.entries():
             if m.obj.per_target:
                 ev = Evidence(rec, target.truth, target.view, target.knowledge, run_values)
@@ -101,7 +104,15 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         details["attack_info"] = info
     if texts:
         details["texts"] = texts
+    details["sent_in_clear"] = sent_in_clear(run.targets[0].view, read)
     return _record(cell, "ok", "", metrics, details)
+
+
+def sent_in_clear(view, read: set[str]) -> list[dict[str, Any]]:
+    """The view's metadata as the record lists it: key, size, public layout, and whether this
+    cell's attack read it; a page shows the entries no attack read as "sent in the clear, not attacked"."""
+    return [{"key": k, "bytes": len(v), "layout": view.layouts.get(k, "opaque"), "attacked": k in read}
+            for k, v in sorted(view.meta.items())]
 
 
 def _run_metrics(run_values: dict[str, Any]) -> dict[str, Any]:

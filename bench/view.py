@@ -2,7 +2,10 @@
 
 The view of an upload is never written per defense: every parameter gets the value
 the aggregation server saw (NaN where it saw nothing: encrypted or kept local) and a
-visibility mask; ciphertexts appear as their sizes only; public metadata as sent.
+visibility mask; ciphertexts appear as their sizes only; public metadata as sent: the
+upload's own metadata under its keys, and every message the client sent the server in the
+clear before this upload (negotiation: sensitivity vectors, masks, proposals) under
+"sent/<round>/<what>", each with its public layout in `layouts` (round -1 is setup).
 NaN rather than zero makes an attack that ignores the mask fail loudly instead of
 silently treating hidden entries as known zeros.
 """
@@ -11,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from bench.wire import Upload, WireError
+from bench.wire import Message, Upload, WireError, entry_map
 
 
 @dataclass(frozen=True)
@@ -23,9 +27,12 @@ class ServerView:
     ciphertext_sizes: tuple[int, ...]
     meta: dict[str, bytes]
     weight: float
+    layouts: dict[str, str] = field(default_factory=dict)   # meta key -> public layout (bench.wire.LAYOUTS)
 
     @classmethod
-    def of(cls, upload: Upload, shapes: dict[str, tuple[int, ...]]) -> "ServerView":
+    def of(cls, upload: Upload, shapes: dict[str, tuple[int, ...]],
+           sent: list[tuple[int, str, Message]] = ()) -> "ServerView":
+        """The view of `upload`, plus `sent`: (round, what, message) the client sent the server in the clear."""
         values, visible = {}, {}
         for name, shape in shapes.items():
             part = upload.payload.plain.get(name)
@@ -40,7 +47,18 @@ class ServerView:
                 values[name] = part.dense(fill=float("nan"))
                 visible[name] = torch.from_numpy(part.visible().copy()).reshape(shape)
         sizes = tuple(len(b) for c in upload.payload.cipher for b in c.blobs)
-        return cls(values, visible, sizes, dict(upload.payload.meta), upload.weight)
+        meta = dict(upload.payload.meta)
+        layouts = {k: upload.payload.layouts.get(k, "opaque") for k in meta}
+        for round, what, message in sent:
+            key = f"sent/{round}/{what}"
+            meta[key], layouts[key] = message.data, message.layout
+        return cls(values, visible, sizes, meta, upload.weight, layouts)
+
+    def entry_maps(self) -> dict[str, np.ndarray]:
+        """Every metadata entry with a per-entry layout, decoded over the flattened update (view order)."""
+        size = sum(v.numel() for v in self.values.values())
+        maps = {k: entry_map(self.meta[k], self.layouts.get(k, "opaque"), size) for k in self.meta}
+        return {k: m for k, m in maps.items() if m is not None}
 
     def fully_visible(self, name: str) -> bool:
         return bool(self.visible[name].all())

@@ -109,13 +109,57 @@ class CipherPart:
                                    f"selects {total}")
 
 
+ENTRY_LAYOUTS = ("entries:f4", "entries:bits", "entries:i4")
+LAYOUTS = ENTRY_LAYOUTS + ("opaque",)
+
+
+@dataclass(frozen=True)
+class Message:
+    """Bytes sent in the clear outside an upload body (negotiation), as sent, and their public layout.
+
+    The layout is protocol knowledge every receiver parses the bytes with (not counted in the
+    size): a float32 per entry of the flattened update ("entries:f4"), one bit per entry
+    ("entries:bits", numpy packbits), a list of entry indices ("entries:i4"), or "opaque". The
+    flattened update is the parameters in the model's update order, each in row-major order.
+    """
+
+    data: bytes
+    layout: str = "opaque"
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"message layout '{self.layout}' must be one of {', '.join(LAYOUTS)}")
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+def entry_map(data: bytes, layout: str, size: int) -> np.ndarray | None:
+    """A per-entry message decoded to one float per flattened entry (bits and indices: 1 where set);
+    None for opaque bytes or bytes that do not fit `size` entries."""
+    if layout == "entries:f4" and len(data) == 4 * size:
+        return np.frombuffer(data, "<f4").astype(np.float64)
+    if layout == "entries:bits" and len(data) == -(-size // 8):
+        return np.unpackbits(np.frombuffer(data, np.uint8), count=size).astype(np.float64)
+    if layout == "entries:i4" and len(data) % 4 == 0:
+        idx = np.frombuffer(data, "<i4")
+        if idx.size and (idx.min() < 0 or idx.max() >= size):
+            return None
+        out = np.zeros(size)
+        out[idx] = 1.0
+        return out
+    return None
+
+
 @dataclass(frozen=True)
 class Payload:
-    """One message body: plaintext parts, ciphertext parts, public metadata."""
+    """One message body: plaintext parts, ciphertext parts, public metadata (with its public layouts)."""
 
     plain: dict[str, PlainPart] = field(default_factory=dict)
     cipher: tuple[CipherPart, ...] = ()
     meta: dict[str, bytes] = field(default_factory=dict)
+    layouts: dict[str, str] = field(default_factory=dict)   # meta key -> Message layout; absent = opaque
 
     @property
     def plain_bytes(self) -> int:
@@ -146,13 +190,21 @@ def dense_payload(update: dict[str, torch.Tensor]) -> Payload:
 
 
 class Traffic:
-    """Log of every message: (round, sender, receiver, what, bytes)."""
+    """Log of every message: (round, sender, receiver, what, bytes), and the content of those sent in the clear."""
 
     def __init__(self) -> None:
         self.records: list[tuple[int, str, str, str, int]] = []
+        self.clear: list[tuple[int, str, str, str, Message]] = []
 
-    def log(self, round: int, sender: str, receiver: str, what: str, nbytes: int) -> None:
+    def log(self, round: int, sender: str, receiver: str, what: str, nbytes: int,
+            content: Message | None = None) -> None:
         self.records.append((round, sender, receiver, what, int(nbytes)))
+        if content is not None:
+            self.clear.append((round, sender, receiver, what, content))
+
+    def sent_in_clear(self, sender: str, receiver: str) -> list[tuple[int, str, Message]]:
+        """(round, what, message) of every clear message `sender` has sent `receiver` so far."""
+        return [(r, what, m) for r, s, d, what, m in self.clear if s == sender and d == receiver]
 
     def per_client(self, direction: str) -> float:
         """Mean bytes one client sends (up) or receives (down) per round it takes part in."""

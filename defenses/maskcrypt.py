@@ -22,7 +22,7 @@ import torch
 from bench.defense import Defense, hybrid_payload
 from bench.keys import TOPOLOGIES, provision
 from bench.registry import DEFENSES
-from bench.wire import Payload
+from bench.wire import Message, Payload
 
 
 def round_robin_union(proposals: list[np.ndarray]) -> np.ndarray:
@@ -80,7 +80,7 @@ class MaskCrypt(Defense):
 
     def _send_proposal(self, fed, round: int, client, update: dict[str, torch.Tensor]) -> np.ndarray:
         proposal = self._proposal(fed, client, update)
-        fed.send(client.name, "server", "mask proposal", proposal.astype("<i4").tobytes())
+        fed.send(client.name, "server", "mask proposal", Message(proposal.astype("<i4").tobytes(), "entries:i4"))
         return proposal
 
     def _limit(self, union: np.ndarray) -> np.ndarray:
@@ -102,7 +102,8 @@ class MaskCrypt(Defense):
 
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
         payload = hybrid_payload(fed, client, update, weight, self.mask)
-        return Payload(plain=payload.plain, cipher=payload.cipher, meta={"indices": self.indices})
+        return Payload(plain=payload.plain, cipher=payload.cipher, meta={"indices": self.indices},
+                       layouts={"indices": "entries:i4"})
 
     def run_metrics(self, fed) -> dict:
         return {"he_params": dict(self.key.params)}

@@ -40,7 +40,7 @@ from bench.defense import Defense, hybrid_payload, sum_cipher
 from bench.keys import provision
 from bench.privacy import RdpLedger, noise_for_epsilon
 from bench.registry import DEFENSES
-from bench.wire import Payload, PlainPart, Upload
+from bench.wire import Message, Payload, PlainPart, Upload
 
 
 def normalized_fisher(grads: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -96,8 +96,8 @@ class SelectiveShield(Defense):
         masks = {}
         for client in clients:
             masks[client.name] = self._client_mask(fed, client, updates[client.name])
-            fed.send(client.name, "server", "sensitive mask", np.packbits(np.concatenate(
-                list(masks[client.name].values()))).tobytes())
+            fed.send(client.name, "server", "sensitive mask", Message(np.packbits(np.concatenate(
+                list(masks[client.name].values()))).tobytes(), "entries:bits"))
         votes = {n: sum(m[n].astype(np.int64) for m in masks.values()) for n in fed.names}
         self.enc = {n: votes[n] / len(clients) >= self.rho if self.rho > 0 else np.ones_like(votes[n], bool)
                     for n in fed.names}

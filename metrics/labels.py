@@ -52,3 +52,13 @@ def irec(ev: Evidence):
 def label_f1(ev: Evidence):
     pair = _counts(ev)
     return None if pair is None else float(f1_score(pair[1] > 0, pair[0] > 0, zero_division=0.0))
+
+
+@metric("client_class_f1", "", True, "privacy",
+        "F1 of the recovered set of classes the attacked client holds (what negotiation messages leak)")
+def client_class_f1(ev: Evidence):
+    rec = ev.reconstruction
+    if rec is None or rec.client_classes is None or ev.truth is None or ev.truth.client_y is None:
+        return None
+    true = np.bincount(ev.truth.client_y.numpy(), minlength=len(rec.client_classes)) > 0
+    return float(f1_score(true, np.asarray(rec.client_classes, bool), zero_division=0.0))

@@ -49,6 +49,7 @@ GRID_ATTACKS = [
     ("mia-recall", {"shots": 1}),
     ("mia-pac", {"augmentations": 1}),
     ("dager", {}),
+    ("negotiation-labels", {}),
 ]
 MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary data for the mia-* attacks
 

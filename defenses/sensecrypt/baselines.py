@@ -21,7 +21,7 @@ from bench.configurable import Configurable
 from bench.defense import Defense, hybrid_payload
 from bench.keys import provision
 from bench.registry import DEFENSES
-from bench.wire import Payload
+from bench.wire import Message, Payload
 from defenses.maskcrypt import MaskCrypt, round_robin_union
 from defenses.sensecrypt.evaluation import own_label_accuracy
 from defenses.sensecrypt.profiles import RoundClock, device_profiles
@@ -108,7 +108,7 @@ class MaskCryptPaillier(_Timed, MaskCrypt):
         started = time.perf_counter()
         proposal = self._proposal(fed, client, update)
         self.clock.charge(round, client.index, time.perf_counter() - started)
-        fed.send(client.name, "server", "mask proposal", proposal.astype("<i4").tobytes())
+        fed.send(client.name, "server", "mask proposal", Message(proposal.astype("<i4").tobytes(), "entries:i4"))
         return proposal
 
     def _limit(self, union: np.ndarray) -> np.ndarray:
@@ -120,7 +120,8 @@ class MaskCryptPaillier(_Timed, MaskCrypt):
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
         def make() -> Payload:
             payload = hybrid_payload(fed, client, update, weight, self.mask, scheme="paillier")
-            return Payload(plain=payload.plain, cipher=payload.cipher, meta={"indices": self.indices})
+            return Payload(plain=payload.plain, cipher=payload.cipher, meta={"indices": self.indices},
+                           layouts={"indices": "entries:i4"})
         return self._timed_encode(fed, client, make)
 
     def run_metrics(self, fed) -> dict:

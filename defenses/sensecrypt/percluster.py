@@ -54,7 +54,7 @@ def masked_payload(fed, client, update: dict[str, torch.Tensor], mask: np.ndarra
         blobs = encrypt_each(client.party, values)
     layout = tuple((n, m) for n, m in masks.items() if m.any())
     cipher = (CipherPart(SCHEME, tuple(blobs), layout, int(values.size)),) if values.size else ()
-    return Payload(plain=plain, cipher=cipher, meta={"mask": pack_mask(mask)})
+    return Payload(plain=plain, cipher=cipher, meta={"mask": pack_mask(mask)}, layouts={"mask": "entries:bits"})
 
 
 def _plain_flat(upload: Upload, names: list[str], sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:

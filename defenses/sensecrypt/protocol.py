@@ -28,7 +28,7 @@ import torch
 from bench.defense import Defense
 from bench.keys import provision
 from bench.registry import DEFENSES
-from bench.wire import Payload
+from bench.wire import Message, Payload
 from defenses.sensecrypt import percluster
 from defenses.sensecrypt.clustering import (PREFERENCES, affinity_propagation, cluster_scores, distances, dp_noise,
                                             dp_sigma, model_at, sensitivity, warm_model)
@@ -95,7 +95,7 @@ class SenseCrypt(Defense):
                 rng = np.random.default_rng([fed.scenario.seed, 7, client.index])
                 gamma = dp_noise(gamma, o["dp_epsilon"], o["dp_delta"], o["dp_clip"], rng)
             wire = gamma.astype("<f4").tobytes()
-            fed.send(client.name, "server", "sensitivity vector", wire)
+            fed.send(client.name, "server", "sensitivity vector", Message(wire, "entries:f4"))
             received.append(np.frombuffer(wire, "<f4").astype(np.float64))
         started = time.perf_counter()
         dist = distances(np.stack(received))
