@@ -6,6 +6,7 @@ and exit status 2; a run whose cells failed exits 1 after every result is stored
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -43,10 +44,14 @@ def _run(args) -> int:
     from bench.store import Store
     from leaderboards.render import write_outputs
 
+    from bench.datacheck import check_suite_data
+
     if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    suite = load_suite(args.suite)
+        raise ValueError(f"--workers must be >= 1, got {args.workers}; did you mean 1?")
+    suite = load_suite(args.suite)          # everything a cell could trip on fails here, before any write
+    check_suite_data(suite, args.data_root)
     preflight(suite, args.data_root)
+    check_out(args.out)
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm)
     store = Store(Path(args.out) / "leakbench.sqlite")
     page = write_outputs(store, args.out)
@@ -59,11 +64,35 @@ def _run(args) -> int:
     return summary.exit_code
 
 
+def check_out(out: str) -> Path:
+    """--out must be (or be creatable as) a writable directory; nothing is created here."""
+    if not out or "\0" in out:
+        raise ValueError(f"--out {out!r} is not a usable path; pass a directory, e.g. --out {DEFAULT_OUT}")
+    path = Path(out)
+    for p in (path, *path.parents):
+        try:
+            exists = p.exists()
+        except OSError as err:
+            raise ValueError(f"--out '{out[:60]}' is not a usable path ({err.strerror}); pass a shorter one") from None
+        if not exists:
+            continue
+        if not p.is_dir():
+            where = "is a file" if p == path else f"lies under the file '{p}'"
+            raise ValueError(f"--out '{out}' {where}, not a directory; pass a directory path")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"--out '{out}': '{p}' is not writable; pass a directory you can write to")
+        break
+    store = path / "leakbench.sqlite"
+    if store.exists() and not store.is_file():
+        raise ValueError(f"--out '{out}': '{store}' is not a file; move it aside or pass another --out")
+    return path
+
+
 def _leaderboard(args) -> int:
     from bench.store import Store
     from leaderboards.render import write_outputs
 
-    path = Path(args.out) / "leakbench.sqlite"
+    path = check_out(args.out) / "leakbench.sqlite"
     if not path.exists():
         raise FileNotFoundError(f"no results store at {path}; run `leakbench run SUITE --out {args.out}` first")
     store = Store(path)

@@ -11,6 +11,8 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
+import re
 import tomllib
 import types
 import typing
@@ -21,6 +23,23 @@ from typing import Any
 
 class SpecError(ValueError):
     """A suite or scenario file that cannot be run; the message is the one-line fix."""
+
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+MAX_SEED = 2**32 - 1
+
+
+def check_name(kind: str, value: Any) -> str:
+    """Suite and scenario names become file names: 1..64 of [A-Za-z0-9._+-], not starting with '.', no '..'."""
+    if not isinstance(value, str):
+        raise SpecError(f"{kind} name must be a string, got {type(value).__name__} {value!r}")
+    if NAME_RE.fullmatch(value) and ".." not in value:
+        return value
+    near = re.sub(r"\.\.+", ".", re.sub(r"[^A-Za-z0-9._+-]+", "-", value)).strip(".-_+")[:64].strip(".-_+")
+    hint = f"did you mean '{near}'?" if near else "e.g. 'my-suite'"
+    shown = value if len(value) <= 40 else value[:37] + "..."
+    raise SpecError(f"{kind} name {shown!r} is not a safe file name (1-64 of A-Z a-z 0-9 . _ + -, "
+                    f"not starting with '.', no '..'); {hint}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,17 @@ class Scenario:
     device_types: list | None = None
 
     def __post_init__(self) -> None:
+        check_name("scenario", self.name)
+        for key in ("lr", "alpha", "delta", "public_fraction"):
+            if not math.isfinite(getattr(self, key)):
+                raise SpecError(f"scenario '{self.name}': {key} must be finite, got {getattr(self, key)}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise SpecError(f"scenario '{self.name}': seed must be in [0, {MAX_SEED}], got {self.seed}; "
+                            f"did you mean {min(max(self.seed, 0), MAX_SEED)}?")
+        for key in ("max_train", "max_test"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise SpecError(f"scenario '{self.name}': {key} must be >= 1 or left out (whole split), "
+                                f"got {getattr(self, key)}; did you mean 1?")
         _check_choice("partition", self.partition, ("iid", "dirichlet", "k-classes"))
         _check_choice("attack_update", self.attack_update, ("gradient", "delta"))
         _check_choice("sampling", self.sampling, ("fixed", "poisson"))
@@ -76,7 +106,8 @@ class Scenario:
         for name in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
                      "attack_batch_size", "attack_repeats", "seq_len"):
             if getattr(self, name) < 1:
-                raise SpecError(f"scenario '{self.name}': {name} must be >= 1, got {getattr(self, name)}")
+                raise SpecError(f"scenario '{self.name}': {name} must be >= 1, got {getattr(self, name)}; "
+                                f"did you mean 1?")
         if self.clients_per_round > self.num_clients:
             raise SpecError(f"scenario '{self.name}': clients_per_round ({self.clients_per_round}) exceeds "
                             f"num_clients ({self.num_clients}); lower it to at most {self.num_clients}")
@@ -84,14 +115,23 @@ class Scenario:
             raise SpecError(f"scenario '{self.name}': attack_round must be in [0, {self.rounds - 1}], "
                             f"got {self.attack_round}")
         if not 0 <= self.attack_client < self.num_clients:
-            raise SpecError(f"scenario '{self.name}': attack_client must be in [0, {self.num_clients - 1}]")
+            raise SpecError(f"scenario '{self.name}': attack_client must be in [0, {self.num_clients - 1}], "
+                            f"got {self.attack_client}")
         from bench import devices
         try:
             devices.check(self.devices, self.device_assign, self.device_types, self.num_clients)
         except ValueError as err:
             raise SpecError(f"scenario '{self.name}': {err}") from None
-        if self.lr <= 0 or self.alpha <= 0 or not 0 < self.delta < 1:
-            raise SpecError(f"scenario '{self.name}': lr and alpha must be > 0 and delta in (0, 1)")
+        for key in ("lr", "alpha"):
+            if getattr(self, key) <= 0:
+                raise SpecError(f"scenario '{self.name}': {key} must be > 0, got {getattr(self, key)}")
+        if not 0 < self.delta < 1:
+            raise SpecError(f"scenario '{self.name}': delta must be in (0, 1), got {self.delta}")
+        if self.pretrain_epochs < 0:
+            raise SpecError(f"scenario '{self.name}': pretrain_epochs must be >= 0, got {self.pretrain_epochs}")
+        if self.classes_per_client < 1:
+            raise SpecError(f"scenario '{self.name}': classes_per_client must be >= 1, "
+                            f"got {self.classes_per_client}; did you mean 1?")
 
 
 @dataclass(frozen=True)
@@ -209,13 +249,18 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -
     """Each table: name, params, and an optional sweep {param: [values]} expanded as a product."""
     out: list[Component] = []
     for i, table in enumerate(tables):
-        spot = f"{where} {kind}[{i}]"
+        spot = f"{where} {kind}s[{i}]"
+        if not isinstance(table, dict):
+            raise SpecError(f"{spot}: must be a table like [[{kind}s]] name = \"...\", "
+                            f"got {type(table).__name__} {table!r}")
         unknown = set(table) - {"name", "params", "sweep"}
         if unknown:
             raise SpecError(f"{spot}: unknown key '{sorted(unknown)[0]}'; use name, params or sweep")
         name = table.get("name")
+        if name is None:
+            raise SpecError(f"{spot}: missing 'name'; known: {', '.join(registry.names())}")
         if not isinstance(name, str):
-            raise SpecError(f"{spot}: missing 'name'")
+            raise SpecError(f"{spot}: 'name' must be a string, got {type(name).__name__} {name!r}")
         if name not in registry:
             from bench.registry import UnknownName
             raise SpecError(f"{spot}: {UnknownName(kind, name, registry.names())}")
@@ -223,8 +268,9 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -
         sweep = table.get("sweep", {})
         if not isinstance(params, dict) or not isinstance(sweep, dict):
             raise SpecError(f"{spot}: 'params' and 'sweep' must be tables")
-        if any(not isinstance(v, list) or not v for v in sweep.values()):
-            raise SpecError(f"{spot}: every sweep value must be a non-empty list")
+        bad = [k for k, v in sweep.items() if not isinstance(v, list) or not v]
+        if bad:
+            raise SpecError(f"{spot}: sweep '{bad[0]}' must be a non-empty list, got {sweep[bad[0]]!r}")
         keys = sorted(sweep)
         for combo in itertools.product(*(sweep[k] for k in keys)):
             merged = {**params, **dict(zip(keys, combo))}
@@ -232,8 +278,9 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -
             if check is not None:
                 try:
                     check(merged)
-                except (TypeError, ValueError) as err:
-                    raise SpecError(f"{spot} '{name}': {err}") from None
+                except Exception as err:   # any constructor failure is a load-time fault of the suite
+                    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    raise SpecError(f"{spot} '{name}': {text}") from None
             out.append(Component(name, merged))
     return out
 
@@ -259,9 +306,36 @@ def _override(component: Component, params: dict | None, registry, where: str) -
     if check is not None:
         try:
             check(merged)
-        except (TypeError, ValueError) as err:
-            raise SpecError(f"{where} defense_params '{component.name}': {err}") from None
+        except Exception as err:   # any constructor failure is a load-time fault of the suite
+            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise SpecError(f"{where} defense_params '{component.name}': {text}") from None
     return Component(component.name, merged)
+
+
+def check_model_params(model: str, params: dict[str, Any]) -> None:
+    """Model keyword arguments exist and have their default's type (the first argument is the dataset)."""
+    from bench.configurable import check_kwargs
+    from bench.registry import MODELS
+
+    fn = MODELS.get(model)
+    first = next(iter(__import__("inspect").signature(fn).parameters), None)
+    check_kwargs(fn, params, skip=(first,) if first else ())
+
+
+def _narrowing(table: dict[str, Any], key: str, components: list[Component], where: str) -> list[str] | None:
+    """A scenario's `defenses`/`attacks` list: each entry must name a component of the suite exactly."""
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or not value:
+        raise SpecError(f"{where}: '{key}' must be a non-empty list of names, got {value!r}")
+    valid = sorted({c.name for c in components} | {c.label for c in components})
+    for entry in value:
+        if entry not in valid:
+            close = difflib.get_close_matches(entry, valid, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"the suite's {key}: {', '.join(valid)}"
+            raise SpecError(f"{where}: '{key}' names '{entry}', which is not among the suite's {key}; {hint}")
+    return value
 
 
 def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
@@ -275,15 +349,29 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
         close = difflib.get_close_matches(key, top, n=1)
         raise SpecError(f"{where}: unknown key '{key}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     name = data.get("name")
-    if not isinstance(name, str):
+    if name is None:
         raise SpecError(f"{where}: missing 'name'")
+    try:
+        check_name("suite", name)
+    except SpecError as err:
+        raise SpecError(f"{where}: {err}") from None
+    for key in ("description", "notes"):
+        if key in data and not isinstance(data[key], str):
+            raise SpecError(f"{where}: '{key}' must be a string, got {type(data[key]).__name__}")
     for key in ("scenarios", "defenses", "attacks"):
         if not isinstance(data.get(key), list) or not data[key]:
             raise SpecError(f"{where}: needs at least one [[{key}]] table")
     scenarios = []
     for i, table in enumerate(data["scenarios"]):
+        if not isinstance(table, dict):
+            raise SpecError(f"{where} scenarios[{i}]: must be a table like [[scenarios]] name = \"...\", "
+                            f"got {type(table).__name__} {table!r}")
         local = {k: v for k, v in table.items() if k not in ("defenses", "attacks", "defense_params")}
         scenario = build(Scenario, local, f"{where} scenarios[{i}]")
+        try:
+            check_model_params(scenario.model, scenario.model_params)
+        except (TypeError, ValueError) as err:
+            raise SpecError(f"{where} scenarios[{i}] model_params: {err}") from None
         for kind, registry, value in (("dataset", DATASETS, scenario.dataset), ("model", MODELS, scenario.model)):
             if value not in registry:
                 from bench.registry import UnknownName
@@ -295,9 +383,9 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
     defenses = _components(data["defenses"], "defense", DEFENSES, where)
     attacks = _components(data["attacks"], "attack", ATTACKS, where)
     cells = []
-    for i, (scenario, table) in enumerate(scenarios):  # narrow the grid by name or full label "name(k=v, ...)"
-        only_d = table.get("defenses")
-        only_a = table.get("attacks")
+    for i, (scenario, table) in enumerate(scenarios):  # narrowing by name or by full label "name(k=v, ...)"
+        only_d = _narrowing(table, "defenses", defenses, f"{where} scenarios[{i}]")
+        only_a = _narrowing(table, "attacks", attacks, f"{where} scenarios[{i}]")
         overrides = _defense_params(table.get("defense_params", {}), DEFENSES, f"{where} scenarios[{i}]")
         for d in defenses:
             if only_d is not None and d.name not in only_d and d.label not in only_d:
@@ -323,18 +411,35 @@ def load_suite(ref: str | Path) -> Suite:
     """A built-in suite name or a path to a TOML file."""
     from bench.registry import SUITES
 
+    ref = str(ref)
+    if not ref.strip() or "\0" in ref:
+        raise SpecError(f"suite {ref!r} is empty or not a valid path; pass a built-in name "
+                        f"({', '.join(SUITES.names())}) or a .toml path")
     path = Path(ref)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
+    try:
+        exists, is_dir = path.exists(), path.is_dir()
+    except OSError as err:   # e.g. a name too long for the file system
+        raise SpecError(f"suite '{ref[:40]}' cannot be read ({err.strerror}); pass a built-in name or a .toml path") \
+            from None
+    if path.suffix == ".toml" or exists:
+        if is_dir:
+            raise SpecError(f"suite '{path}' is a directory; pass a .toml file inside it")
+        if not exists:
             raise SpecError(f"suite file '{path}' does not exist; pass a built-in name ({', '.join(SUITES.names())}) "
                             "or an existing .toml path")
         try:
-            data = tomllib.loads(path.read_text())
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise SpecError(f"suite file '{path}' is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+        except OSError as err:
+            raise SpecError(f"suite file '{path}' cannot be read ({err.strerror}); check its permissions") from None
+        try:
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
-            raise SpecError(f"suite file '{path}' is not valid TOML: {err}") from None
+            raise SpecError(f"suite file '{path}' is not valid TOML: {str(err).splitlines()[0]}") from None
         return parse_suite(data, str(path))
     try:
-        suite_path = SUITES.get(str(ref))
+        suite_path = SUITES.get(ref)
     except KeyError as err:
         raise SpecError(str(err)) from None
     return parse_suite(tomllib.loads(Path(suite_path).read_text()), str(ref))

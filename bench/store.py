@@ -33,13 +33,16 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            version = self._check()   # before any write: a foreign file must stay untouched
             self._db.execute("PRAGMA journal_mode=WAL")
-            version = self._check()
             if version is None:
                 self._db.executescript(_SCHEMA)
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
         except sqlite3.DatabaseError as err:
-            raise StoreError(f"results store '{self.path}' is corrupted or not a LeakBench store ({err}); "
+            if getattr(self, "_db", None) is not None:
+                self._db.close()   # a WAL store's -wal/-shm files go with the last connection
+            reason = " ".join(str(err).split())[:200]   # one line, even for multi-line integrity reports
+            raise StoreError(f"results store '{self.path}' is corrupted or not a LeakBench store ({reason}); "
                              "move it aside or pass another --out (it was left untouched)") from None
 
     def _check(self) -> str | None:

@@ -116,6 +116,16 @@ def _plot(records: list[dict[str, Any]], path: Path) -> str | None:
     return path.name
 
 
+def file_stem(text: str) -> str:
+    """A name safe to join under --out: names from an older store may hold '/', '..' or be very long."""
+    import hashlib
+    import re
+    safe = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._+-]+", "-", text)).lstrip(".-")
+    if safe == text and len(text) <= 120:
+        return text
+    return f"{safe[:60]}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
 def write_outputs(store: Store, out_dir: str | Path) -> Path:
     """Write results.json, results.csv, index.html and plots for every suite in the store."""
     import pandas as pd
@@ -133,13 +143,13 @@ def write_outputs(store: Store, out_dir: str | Path) -> Path:
         tables = []
         for scen in dict.fromkeys(r["scenario"] for r in mine):
             recs = [r for r in mine if r["scenario"] == scen]
-            plot = _plot(recs, out / "plots" / f"{suite}--{scen}.png")
+            plot = _plot(recs, out / "plots" / f"{file_stem(f'{suite}--{scen}')}.png")
             tables.append({"scenario": scen, "config": recs[0]["config"]["scenario"], **scenario_table(recs),
                            "plot": f"plots/{plot}" if plot else None})
         info = store.suite_info(suite)
         figures = []
         for i, spec in enumerate(info.get("figures", [])):
-            name = f"plots/{suite}--figure{i}.png"
+            name = f"plots/{file_stem(f'{suite}--figure{i}')}.png"
             if draw(spec, mine, out / name):
                 figures.append({"path": name, "title": spec.get("title", f"{spec['y']} vs {spec['x']}")})
         suites.append({"name": suite, "tables": tables, "description": info.get("description", ""),

@@ -87,7 +87,7 @@ params = { steps = 300, tol = 0.0 }
     store.close()
 
 
-def test_failed_cells_are_recorded_and_exit_nonzero(tmp_path, capsys):
+def test_missing_data_fails_at_load_and_writes_nothing(tmp_path, capsys):
     suite_file = tmp_path / "bad.toml"
     suite_file.write_text('''
 name = "bad"
@@ -100,7 +100,42 @@ name = "plaintext"
 [[attacks]]
 name = "idlg"
 ''')
-    code = main(["run", str(suite_file), "--out", str(tmp_path), "--data-root", str(tmp_path)])
+    code = main(["run", str(suite_file), "--out", str(tmp_path / "out"), "--data-root", str(tmp_path)])
+    assert code == 2 and "sst2" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_failed_cells_are_recorded_and_exit_nonzero(tmp_path, capsys, monkeypatch):
+    """A cell that fails at run time (here an attack that raises) is stored with its reason; exit 1."""
+    from bench.attack import Attack
+    from bench.registry import ATTACKS, Entry
+
+    class Boom(Attack):
+        def blocked(self, view, knowledge):
+            return None
+
+        def run(self, view, knowledge, seed):
+            raise RuntimeError("boom at run time")
+
+    monkeypatch.setitem(ATTACKS._entries, "boom", Entry("boom", Boom, "raises"))
+    suite_file = tmp_path / "bad.toml"
+    suite_file.write_text('''
+name = "bad"
+[[scenarios]]
+name = "tiny"
+dataset = "digits"
+model = "mlp"
+num_clients = 2
+clients_per_round = 2
+rounds = 1
+max_train = 60
+max_test = 30
+[[defenses]]
+name = "plaintext"
+[[attacks]]
+name = "boom"
+''')
+    code = main(["run", str(suite_file), "--out", str(tmp_path)])
     records = json.loads((tmp_path / "results.json").read_text())
     assert code == 1
-    assert records[0]["status"] == "failed" and "sst2" in records[0]["reason"]
+    assert records[0]["status"] == "failed" and "boom at run time" in records[0]["reason"]

@@ -1,0 +1,392 @@
+"""Fuzz of malformed inputs: suites, data roots, stores and --out paths.
+
+Every case must end at load time with exit status 2 and exactly one stderr line that names the
+fault (and, where one exists, the closest valid value), no traceback, the results already in the
+store untouched and nothing written outside --out (nor inside it). Most cases call the CLI's
+main() in process; a handful go through a subprocess to check the real exit status and stderr.
+"""
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.store import Store
+
+BASE = {"name": "fuzz", "scenarios": [{"name": "s1", "dataset": "digits", "model": "mlp", "num_clients": 2,
+                                       "clients_per_round": 2, "rounds": 1, "max_train": 120, "max_test": 60}],
+        "defenses": [{"name": "plaintext"}], "attacks": [{"name": "idlg", "params": {"steps": 10}}]}
+NAN, INF = float("nan"), float("inf")
+
+
+# ----------------------------------------------------------------------------- TOML writing
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v == INF else "-inf") if math.isinf(v) else repr(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v)   # TOML basic strings share JSON's escapes
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(v)
+
+
+def to_toml(data: dict) -> str:
+    lines = [f"{json.dumps(k)} = {_value(v)}" for k, v in data.items()
+             if not (isinstance(v, list) and v and all(isinstance(t, dict) for t in v))]
+    for key, value in data.items():
+        if isinstance(value, list) and value and all(isinstance(t, dict) for t in value):
+            for table in value:
+                lines.append(f"[[{key}]]")
+                lines += [f"{json.dumps(k)} = {_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- the cases
+def _suite(edit) -> dict:
+    data = copy.deepcopy(BASE)
+    edit(data)
+    return data
+
+
+def _scenario(**fields) -> dict:
+    return _suite(lambda d: d["scenarios"][0].update(fields))
+
+
+def _cases() -> list[tuple[str, dict]]:
+    """(id, case): case has `suite` (dict or raw bytes) or `setup`, `args`, `expect` (substrings of the
+    message) and `hint` (the message must offer the closest valid value)."""
+    cases: list[tuple[str, dict]] = []
+
+    def add(cid, expect, hint=False, **case):
+        cases.append((cid, {"expect": expect, "hint": hint, **case}))
+
+    # generated: each integer field of a scenario x values out of range or of the wrong type
+    ints = {"num_clients": 1, "clients_per_round": 1, "rounds": 1, "local_epochs": 1, "batch_size": 1,
+            "attack_batch_size": 1, "attack_repeats": 1, "seq_len": 1, "seed": 0, "max_train": 1,
+            "max_test": 1, "attack_round": 0, "attack_client": 0, "pretrain_epochs": 0, "classes_per_client": 1}
+    for key, low in ints.items():
+        add(f"{key}=-1", [key], hint=key not in ("attack_round", "attack_client", "pretrain_epochs"),
+            suite=_scenario(**{key: low - 1 if low else -1}))
+        add(f"{key}=2.5", [key, "int", "2.5"], suite=_scenario(**{key: 2.5}))
+        add(f"{key}=str", [key, "int"], suite=_scenario(**{key: "3"}))
+        add(f"{key}=bool", [key, "int"], suite=_scenario(**{key: True}))
+    add("seed=2**40", ["seed"], hint=True, suite=_scenario(seed=2**40))
+    add("attack_round=rounds", ["attack_round"], suite=_scenario(attack_round=1))
+    add("attack_client=clients", ["attack_client"], suite=_scenario(attack_client=2))
+    add("clients_per_round>num_clients", ["clients_per_round"], suite=_scenario(clients_per_round=3))
+    # generated: each float field x non-finite, out of range, wrong type
+    floats = {"lr": (NAN, INF, -INF, 0.0, -0.1), "alpha": (NAN, INF, 0.0, -1.0), "delta": (NAN, INF, 0.0, 1.0, 2.0),
+              "public_fraction": (NAN, INF, -0.5, 1.0)}
+    for key, values in floats.items():
+        for v in values:
+            add(f"{key}={v}", [key], suite=_scenario(**{key: v}))
+        add(f"{key}=str", [key, "float"], suite=_scenario(**{key: "high"}))
+        add(f"{key}=list", [key, "float"], suite=_scenario(**{key: [0.1]}))
+    # choices and names
+    for key, bad, near in (("partition", "dirichet", "dirichlet"), ("sampling", "possion", "poisson"),
+                           ("attack_update", "gradients", "gradient"), ("dataset", "mnsit", "mnist"),
+                           ("model", "lenet5-rel", "lenet5-relu")):
+        add(f"{key}-typo", [key, bad, f"did you mean '{near}'"], hint=True, suite=_scenario(**{key: bad}))
+    for where in ("suite", "scenario"):
+        def named(value, where=where):
+            return _suite(lambda d: d.update(name=value)) if where == "suite" else _scenario(name=value)
+        add(f"{where}-name-slash", [where, "a/b", "did you mean 'a-b'"], hint=True, suite=named("a/b"))
+        add(f"{where}-name-dotdot", [where, "../x", "did you mean 'x'"], hint=True, suite=named("../x"))
+        add(f"{where}-name-300", [where, "not a safe file name"], hint=True, suite=named("n" * 300))
+        add(f"{where}-name-nul", [where, "not a safe file name"], hint=True, suite=named("a\x00b"))
+        add(f"{where}-name-empty", [where, "not a safe file name"], suite=named(""))
+        add(f"{where}-name-int", [where, "name", "int"], suite=named(5))
+        add(f"{where}-name-space", [where, "did you mean 'my-run'"], hint=True, suite=named("my run"))
+    add("suite-name-missing", ["missing 'name'"], suite=_suite(lambda d: d.pop("name")))
+    add("scenario-name-missing", ["missing required key 'name'"],
+        suite=_suite(lambda d: d["scenarios"][0].pop("name")))
+    add("duplicate-scenarios", ["unique"], suite=_suite(lambda d: d["scenarios"].append(dict(d["scenarios"][0]))))
+    add("unknown-top-key", ["unknown key 'scenario'", "did you mean 'scenarios'"], hint=True,
+        suite=_suite(lambda d: d.update(scenario=[{"name": "x"}])))
+    add("unknown-scenario-key", ["unknown key 'num_client'", "did you mean 'num_clients'"], hint=True,
+        suite=_scenario(num_client=3))
+    add("description-int", ["description"], suite=_suite(lambda d: d.update(description=5)))
+    # structure
+    add("scenarios-ints", ["scenarios[0]", "table", "int"], suite=_suite(lambda d: d.update(scenarios=[1, 2])))
+    add("defenses-ints", ["defenses[0]", "table", "int"], suite=_suite(lambda d: d.update(defenses=[1])))
+    add("attacks-str", ["[[attacks]]"], suite=_suite(lambda d: d.update(attacks="idlg")))
+    add("no-defenses", ["[[defenses]]"], suite=_suite(lambda d: d.update(defenses=[])))
+    add("scenario-attacks-int", ["'attacks'", "list of names", "5"], suite=_scenario(attacks=5))
+    add("scenario-attacks-substring", ["'attacks'", "list of names", "xidlgx"], suite=_scenario(attacks="xidlgx"))
+    add("scenario-narrowed-unknown-defense", ["'defenses'", "nope"], suite=_scenario(defenses=["nope"]))
+    add("scenario-narrowed-typo", ["plaintxt", "did you mean 'plaintext'"], hint=True,
+        suite=_scenario(defenses=["plaintxt"]))
+    add("scenario-narrowed-empty", ["'attacks'"], suite=_scenario(attacks=[]))
+    add("attack-substring-name", ["unknown attack 'xidlgx'", "did you mean 'idlg'"], hint=True,
+        suite=_suite(lambda d: d["attacks"][0].update(name="xidlgx")))
+    add("defense-unknown", ["unknown defense 'plain'", "did you mean 'plaintext'"], hint=True,
+        suite=_suite(lambda d: d["defenses"][0].update(name="plain")))
+    add("defense-name-int", ["'name' must be a string"], suite=_suite(lambda d: d["defenses"][0].update(name=5)))
+    add("attack-missing-name", ["missing 'name'"], suite=_suite(lambda d: d["attacks"][0].pop("name")))
+    add("attack-unknown-key", ["unknown key 'param'"], suite=_suite(lambda d: d["attacks"][0].update(param={})))
+    # component parameters: names, types, finiteness
+    for value, expect, hint in ((2.5, ["steps", "integer", "did you mean 2"], True), ("10", ["steps", "integer"], False),
+                                (NAN, ["steps", "integer"], False), (True, ["steps", "integer"], False)):
+        add(f"steps={value!r}", expect, hint=hint, suite=_suite(lambda d, v=value: d["attacks"][0].update(params={"steps": v})))
+    add("attack-param-typo", ["unknown parameter 'step'", "did you mean 'steps'"], hint=True,
+        suite=_suite(lambda d: d["attacks"][0].update(params={"step": 3})))
+    add("attack-param-control-char", ["label_strategy", "control character"],
+        suite=_suite(lambda d: d["attacks"][0].update(params={"label_strategy": "idlg\n"})))
+    dp = {"name": "dp-fedavg", "params": {"noise_multiplier": 1.0}}
+    for value, expect in ((INF, ["noise_multiplier", "finite"]), (NAN, ["noise_multiplier", "finite"]),
+                          ("high", ["noise_multiplier", "must be a number", "str"]),
+                          ([1.0], ["noise_multiplier", "must be a number"])):
+        add(f"dp-noise={value!r}", expect,
+            suite=_suite(lambda d, v=value: d.update(defenses=[{**dp, "params": {"noise_multiplier": v}}])))
+    add("dp-clip-str", ["clip", "number"], suite=_suite(lambda d: d.update(defenses=[{**dp, "params": {"clip": "1"}}])))
+    add("sweep-not-list", ["sweep 'steps'", "non-empty list"],
+        suite=_suite(lambda d: d["attacks"][0].update(sweep={"steps": 5})))
+    add("sweep-empty", ["sweep 'steps'", "non-empty list"],
+        suite=_suite(lambda d: d["attacks"][0].update(sweep={"steps": []})))
+    add("sweep-bad-value", ["steps", "integer"], suite=_suite(lambda d: d["attacks"][0].update(sweep={"steps": [1, 1.5]})))
+    add("model-param-unknown", ["model_params", "unknown parameter 'width'"], suite=_scenario(model_params={"width": 3}))
+    add("model-param-type", ["model_params", "activation", "string"],
+        suite=_scenario(model="lenet5-relu", model_params={"activation": 3}))
+    add("model-params-not-table", ["model_params", "dict"], suite=_scenario(model_params=3))
+    # data-dependent settings
+    add("attack-batch-too-large", ["attack_batch_size 500", "did you mean 60"], hint=True,
+        suite=_scenario(attack_batch_size=500))
+    add("max-train-below-clients", ["max_train", "clients"], hint=True, suite=_scenario(max_train=1))
+    add("k-classes-too-many", ["classes_per_client 11", "did you mean 10"], hint=True,
+        suite=_scenario(partition="k-classes", classes_per_client=11))
+    # files
+    add("toml-syntax", ["not valid TOML"], raw=b"name = \n")
+    add("not-utf8", ["not UTF-8"], raw=b'name = "caf\xe9"\n')
+    add("suite-dir", ["is a directory"], setup="suite-dir")
+    add("suite-missing", ["does not exist"], setup="suite-missing")
+    add("suite-builtin-typo", ["did you mean 'smoke'"], hint=True, args=["run", "smok"])
+    add("suite-empty-name", ["empty"], args=["run", ""])
+    add("suite-name-too-long", ["suite"], args=["run", "x" * 5000])
+    # --out and CLI arguments
+    add("out-is-file", ["--out", "is a file"], setup="out-file")
+    add("out-under-file", ["--out", "under the file"], setup="out-under-file")
+    add("out-store-is-dir", ["leakbench.sqlite", "not a file"], setup="out-store-dir")
+    add("workers-0", ["--workers", "did you mean 1"], hint=True, extra=["--workers", "0"])
+    add("workers--3", ["--workers"], hint=True, extra=["--workers", "-3"])
+    add("leaderboard-out-file", ["--out", "is a file"], setup="out-file", command="leaderboard")
+    add("leaderboard-no-store", ["no results store"], setup="empty-out", command="leaderboard")
+    # stores
+    add("store-garbage", ["corrupted or not a LeakBench store"], setup="store-garbage")
+    add("store-foreign-sqlite", ["not a LeakBench store", "no LeakBench tables"], setup="store-foreign")
+    add("store-wrong-schema", ["schema version"], setup="store-schema")
+    add("store-garbage-leaderboard", ["corrupted"], setup="store-garbage", command="leaderboard")
+    # data roots
+    add("data-root-missing", ["data root", "not a directory"], data="missing")
+    add("data-root-file", ["data root", "not a directory"], data="file")
+    for fault, expect in (("absent", ["needs MNIST/raw/t10k-labels-idx1-ubyte.gz"]),
+                          ("truncated", ["t10k-images-idx3-ubyte.gz", "torchvision's md5"]),
+                          ("garbage", ["t10k-labels-idx1-ubyte", "not a uint8 IDX"]),
+                          ("short-labels", ["1000 labels for 10000 images"]),
+                          ("label-255", ["t10k-labels-idx1-ubyte.gz", "label 255"]),
+                          ("label-255-raw", ["label 255", "classes 0-9"]),
+                          ("wrong-dims", ["28x28"]),
+                          ("empty", ["t10k-labels-idx1-ubyte", "not a uint8 IDX"])):
+        add(f"mnist-{fault}", expect, data=fault)
+    return cases
+
+
+CASES = _cases()
+
+
+def test_there_are_at_least_100_cases():
+    assert len(CASES) >= 100, len(CASES)
+
+
+# ----------------------------------------------------------------------------- fixtures
+def _seed_store(out: Path) -> None:
+    store = Store(out / "leakbench.sqlite")
+    store.put({"cell_id": "c0ffee", "scenario": "kept", "defense": "plaintext", "defense_params": {},
+               "attack": "idlg", "attack_params": {}, "status": "ok", "reason": "", "metrics": {"psnr": 12.5},
+               "details": {}, "config": {}, "environment": {}})
+    store.set_membership("earlier", ["c0ffee"], {"description": "", "notes": "", "figures": []})
+    store.close()
+
+
+def _fake_mnist(root: Path, fault: str) -> None:
+    """A data root whose MNIST/raw links to the real files except one damaged labels/images file."""
+    real = Path(os.environ["LEAKBENCH_DATA"]) / "MNIST" / "raw"
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (raw / f"{stem}.gz").symlink_to(real / f"{stem}.gz")
+    labels = gzip.decompress((real / "t10k-labels-idx1-ubyte.gz").read_bytes())
+    if fault == "absent":
+        (raw / "t10k-labels-idx1-ubyte.gz").unlink()
+    elif fault == "truncated":
+        (raw / "t10k-images-idx3-ubyte.gz").unlink()
+        (raw / "t10k-images-idx3-ubyte.gz").write_bytes((real / "t10k-images-idx3-ubyte.gz").read_bytes()[:50_000])
+    elif fault == "garbage":
+        (raw / "t10k-labels-idx1-ubyte").write_bytes(b"this is not an IDX file at all")
+    elif fault == "short-labels":
+        (raw / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01" + (1000).to_bytes(4, "big") + labels[8:1008])
+    elif fault == "label-255":
+        (raw / "t10k-labels-idx1-ubyte.gz").unlink()
+        (raw / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(labels[:8] + b"\xff" + labels[9:]))
+    elif fault == "label-255-raw":   # uncompressed copies have a md5 too; a 255 is named either way
+        (raw / "t10k-labels-idx1-ubyte").write_bytes(labels[:8] + b"\xff" + labels[9:])
+    elif fault == "wrong-dims":
+        (raw / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + b"".join(
+            n.to_bytes(4, "big") for n in (10000, 32, 32)))
+    elif fault == "empty":
+        (raw / "t10k-labels-idx1-ubyte").write_bytes(b"")
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every path under root with a digest of its bytes (links by target)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = "link:" + os.readlink(p)
+        elif p.is_file():
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def _prepare(case: dict, sandbox: Path) -> list[str]:
+    """Lay out the sandbox (seeded store in out/, suite file, data root); return the CLI arguments."""
+    out = sandbox / "out"
+    out.mkdir()
+    _seed_store(out)
+    suite_arg = str(sandbox / "suite.toml")
+    if "raw" in case:
+        (sandbox / "suite.toml").write_bytes(case["raw"])
+    else:
+        suite = case.get("suite", BASE)
+        if "data" in case:
+            suite = copy.deepcopy(suite)
+            suite["scenarios"][0].update(dataset="mnist", max_train=600, max_test=100)
+        (sandbox / "suite.toml").write_text(to_toml(suite))
+    out_arg = str(out)
+    setup = case.get("setup")
+    if setup == "suite-dir":
+        (sandbox / "suites.toml").mkdir()
+        suite_arg = str(sandbox / "suites.toml")
+    elif setup == "suite-missing":
+        suite_arg = str(sandbox / "missing.toml")
+    elif setup == "out-file":
+        (sandbox / "file").write_text("x")
+        out_arg = str(sandbox / "file")
+    elif setup == "out-under-file":
+        (sandbox / "file").write_text("x")
+        out_arg = str(sandbox / "file" / "out")
+    elif setup == "out-store-dir":
+        out_arg = str(sandbox / "out2")
+        (sandbox / "out2" / "leakbench.sqlite").mkdir(parents=True)
+    elif setup == "empty-out":
+        out_arg = str(sandbox / "empty")
+        (sandbox / "empty").mkdir()
+    elif setup == "store-garbage":
+        (out / "leakbench.sqlite").write_bytes(b"definitely not sqlite" * 100)
+    elif setup == "store-foreign":
+        (out / "leakbench.sqlite").unlink()
+        db = sqlite3.connect(out / "leakbench.sqlite")
+        db.execute("CREATE TABLE other (x INTEGER)")
+        db.commit()
+        db.close()
+    elif setup == "store-schema":
+        db = sqlite3.connect(out / "leakbench.sqlite")
+        db.execute("UPDATE meta SET value='0' WHERE key='schema_version'")
+        db.commit()
+        db.close()
+    data_args = []
+    if "data" in case:
+        data = sandbox / "data"
+        if case["data"] == "missing":
+            data_args = ["--data-root", str(sandbox / "nowhere")]
+        elif case["data"] == "file":
+            (sandbox / "datafile").write_text("x")
+            data_args = ["--data-root", str(sandbox / "datafile")]
+        else:
+            _fake_mnist(data, case["data"])
+            data_args = ["--data-root", str(data)]
+    command = case.get("command", "run")
+    if "args" in case:
+        return case["args"] + ["--out", out_arg]
+    if command == "leaderboard":
+        return ["leaderboard", "--out", out_arg]
+    return ["run", suite_arg, "--out", out_arg, *data_args, *case.get("extra", [])]
+
+
+def _check(case: dict, code: int, err: str, before: dict, after: dict) -> None:
+    lines = err.strip("\n").split("\n")
+    assert code == 2, (code, err)
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("leakbench: error: "), err
+    for needle in case["expect"]:
+        assert needle in lines[0], (needle, lines[0])
+    if case["hint"]:
+        assert "did you mean" in lines[0], lines[0]
+    assert after == before, "the sandbox changed: " + str(sorted(set(after.items()) ^ set(before.items())))
+
+
+@pytest.mark.parametrize("case", [c for _, c in CASES], ids=[i for i, _ in CASES])
+def test_malformed_input_fails_at_load_with_one_line(case, tmp_path, capsys, monkeypatch):
+    if "data" in case and case["data"] not in ("missing", "file") and not os.environ.get("LEAKBENCH_DATA"):
+        pytest.skip("needs the data root: set LEAKBENCH_DATA")
+    sandbox = tmp_path / "box"
+    sandbox.mkdir()
+    argv = _prepare(case, sandbox)
+    monkeypatch.chdir(sandbox)           # a relative write would land here and be caught
+    before = _snapshot(tmp_path)
+    code = main(argv)
+    captured = capsys.readouterr()
+    _check(case, code, captured.err, before, _snapshot(tmp_path))
+    if case.get("setup") is None or case["setup"] not in ("store-garbage", "store-foreign", "store-schema"):
+        store = Store(sandbox / "out" / "leakbench.sqlite")
+        assert [r["metrics"] for r in store.records("earlier")] == [{"psnr": 12.5}]
+        store.close()
+
+
+SUBPROCESS = ["scenarios-ints", "out-under-file", "store-foreign-sqlite", "attack-batch-too-large"]
+
+
+@pytest.mark.parametrize("cid", SUBPROCESS)
+def test_malformed_input_through_a_real_process(cid, tmp_path):
+    case = dict(CASES)[cid]
+    sandbox = tmp_path / "box"
+    sandbox.mkdir()
+    argv = _prepare(case, sandbox)
+    before = _snapshot(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    res = subprocess.run([sys.executable, "-m", "bench", *argv], capture_output=True, text=True, cwd=sandbox,
+                         env=env, timeout=300)
+    _check(case, res.returncode, res.stderr, before, _snapshot(tmp_path))
+
+
+def test_listed_checksums_are_torchvisions():
+    tvd = pytest.importorskip("torchvision.datasets")
+    from bench.datacheck import _MD5, CIFAR10_MD5
+    for folder, cls in (("MNIST", tvd.MNIST), ("FashionMNIST", tvd.FashionMNIST)):
+        assert {f: m for f, m in cls.resources} == {f: m for f, m in _MD5[folder].items() if f.endswith(".gz")}
+    assert dict(tvd.CIFAR10.train_list + tvd.CIFAR10.test_list) == CIFAR10_MD5
+
+
+def test_the_shared_data_root_passes(data_root):
+    from bench.datacheck import check_dataset
+    assert check_dataset("mnist", Path(data_root)).train_size == 60000
+    assert check_dataset("fashion-mnist", Path(data_root)).train_size == 60000
