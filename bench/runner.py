@@ -4,7 +4,10 @@ Cells sharing a scenario and a defense share one federated run (the attacks repl
 against the recorded uploads). Each finished cell is written to the store at once. A
 failing cell is recorded with its one-line reason and does not stop the others; the
 run's exit status reports it. Groups are independent, so the executor is a seam: in
-process by default, a process pool with --workers N.
+process by default, a process pool with --workers N. A group with any cell missing is
+recomputed whole, so a group's rows always come from one federated run (its run id is in
+each record's environment); each group is claimed in the store (bench/claims.py), so concurrent
+runs into one --out compute it once.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from bench.claims import Claims, group_id, new_run_id
 from bench.registry import ATTACKS, DEFENSES, METRICS
 from bench.spec import Cell, Suite
 from bench.store import Store
@@ -173,8 +177,18 @@ def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
     return _record(cell, "failed", one_line(err), _run_metrics(dict(run.metrics)) if run else {})
 
 
-def run_group(cells: list[Cell], data_root: str | None) -> Iterator[dict[str, Any]]:
-    """Federate once for the group's scenario and defense, then score each attack cell."""
+def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
+    """Federate once for the group's scenario and defense, then score each attack cell.
+
+    Every record carries the federated run's id in its environment (stored, kept out of the rendered
+    results so they stay deterministic), so a group's rows can be seen to share one run."""
+    run_id = run_id or new_run_id()
+    for record in _group_records(cells, data_root):
+        record["environment"] = {**record["environment"], "run_id": run_id}
+        yield record
+
+
+def _group_records(cells: list[Cell], data_root: str | None) -> Iterator[dict[str, Any]]:
     try:
         run = federate(cells[0], data_root)
     except Exception as err:  # recorded per cell and reported by the exit status, never hidden
@@ -195,45 +209,87 @@ def _group(cells: list[Cell]) -> list[list[Cell]]:
     return list(groups.values())
 
 
-def _run_group_into(cells: list[Cell], data_root: str | None, store_path: str) -> list[str]:
-    """Process-pool worker: writes each finished cell itself, returns statuses."""
+def _claimed_group(cells: list[Cell], data_root: str | None, store: Store, claims: Claims,
+                   on_record: Callable[[str], None] | None = None) -> list[str] | None:
+    """Claim the group, compute all of its cells in one federated run and store them; None if another
+    run holds it. A group already finished (by another run meanwhile) is skipped: ["skipped", ...]."""
+    grp = group_id(cells)
+    if not claims.claim(grp):
+        return None
+    try:
+        if all(store.finished(c.cell_id) for c in cells):
+            return ["skipped"] * len(cells)
+        statuses = []
+        for record in run_group(cells, data_root):
+            store.put(record)
+            claims.beat(grp)
+            statuses.append(record["status"])
+            if on_record:
+                on_record(record["status"])
+        return statuses
+    finally:
+        claims.release(grp)
+
+
+def _run_group_into(cells: list[Cell], data_root: str | None, store_path: str) -> list[str] | None:
+    """Process-pool worker: claims and writes its group itself, returns statuses (None: claimed elsewhere)."""
     store = Store(store_path)
-    statuses = []
-    for record in run_group(cells, data_root):
-        store.put(record)
-        statuses.append(record["status"])
-    store.close()
-    return statuses
+    claims = Claims(store_path)
+    try:
+        return _claimed_group(cells, data_root, store, claims)
+    finally:
+        claims.close()
+        store.close()
 
 
 def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, workers: int = 1,
-              progress: Callable[..., Any] | None = None) -> RunSummary:
+              progress: Callable[..., Any] | None = None, poll_s: float = 1.0) -> RunSummary:
+    """Run every group with a missing cell, whole (its cells then share one federated run), each group
+    claimed in the store so that concurrent runs into one --out compute it once."""
     out = Path(out_dir)
     store = Store(out / "leakbench.sqlite")
     store.set_membership(suite.name, [c.cell_id for c in suite.cells], suite.page_info())
-    todo = [c for c in suite.cells if not store.finished(c.cell_id)]
-    counts = {"ok": 0, "blocked": 0, "failed": 0}
-    bar = progress(total=len(todo), desc=f"suite {suite.name}", unit="cell") if progress else None
-    groups = _group(todo)
-    if workers <= 1:
-        for cells in groups:
-            for record in run_group(cells, data_root):
-                store.put(record)
-                counts[record["status"]] += 1
-                if bar:
-                    bar.update(1)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_run_group_into, cells, data_root, str(store.path)) for cells in groups]
-            for fut in as_completed(futures):
-                for status in fut.result():
-                    counts[status] += 1
-                    if bar:
-                        bar.update(1)
-    if bar:
-        bar.close()
-    store.close()
-    return RunSummary(counts["ok"], counts["blocked"], counts["failed"], len(suite.cells) - len(todo))
+    pending = [g for g in _group(list(suite.cells)) if not all(store.finished(c.cell_id) for c in g)]
+    counts = {"ok": 0, "blocked": 0, "failed": 0, "skipped": 0}
+    counts["skipped"] = len(suite.cells) - sum(len(g) for g in pending)
+    bar = progress(total=sum(len(g) for g in pending), desc=f"suite {suite.name}", unit="cell") if progress else None
+
+    def tally(status: str) -> None:
+        counts[status] += 1
+        if bar:
+            bar.update(1)
+
+    claims = Claims(store.path)
+    try:
+        while pending:
+            busy = []
+            if workers <= 1:
+                for cells in pending:
+                    done = _claimed_group(cells, data_root, store, claims, on_record=tally)
+                    if done is None:
+                        busy.append(cells)
+                    elif done and done[0] == "skipped":
+                        for status in done:
+                            tally(status)
+            else:
+                with ProcessPoolExecutor(max_workers=workers) as pool:
+                    futures = {pool.submit(_run_group_into, cells, data_root, str(store.path)): cells
+                               for cells in pending}
+                    for fut in as_completed(futures):
+                        done = fut.result()
+                        if done is None:
+                            busy.append(futures[fut])
+                        for status in done or ():
+                            tally(status)
+            if len(busy) == len(pending):
+                time.sleep(poll_s)   # every remaining group is being computed by another run
+            pending = busy
+    finally:
+        claims.close()
+        if bar:
+            bar.close()
+        store.close()
+    return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"])
 
 
 __all__ = ["run_suite", "run_group", "score_cell", "preflight", "RunSummary"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -103,8 +104,13 @@ class Store:
         out = []
         for row in cur.fetchall():
             rec = dict(zip(names, row))
-            for key in ("defense_params", "attack_params", "metrics", "details", "config", "environment"):
-                rec[key] = json.loads(rec[key])
+            try:
+                for key in ("defense_params", "attack_params", "metrics", "details", "config", "environment"):
+                    rec[key] = json.loads(rec[key])
+            except (TypeError, ValueError) as err:   # one bad row must not poison every later page
+                print(f"leakbench: warning: skipping unreadable record {rec.get('cell_id')!r} in {self.path} "
+                      f"({type(err).__name__}); rerun its suite to recompute it", file=sys.stderr)
+                continue
             out.append(rec)
         return out
 

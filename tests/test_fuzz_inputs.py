@@ -390,3 +390,25 @@ def test_the_shared_data_root_passes(data_root):
     from bench.datacheck import check_dataset
     assert check_dataset("mnist", Path(data_root)).train_size == 60000
     assert check_dataset("fashion-mnist", Path(data_root)).train_size == 60000
+
+
+def test_a_bad_record_is_reported_and_skipped_and_names_cannot_escape_out(tmp_path, capsys):
+    """Records of an older store (unreadable JSON, a suite named with '/..') cannot poison rendering."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _seed_store(out)
+    store = Store(out / "leakbench.sqlite")
+    store.put({"cell_id": "bad", "scenario": "s", "defense": "plaintext", "defense_params": {}, "attack": "idlg",
+               "attack_params": {}, "status": "ok", "reason": "", "metrics": {}, "details": {}, "config": {},
+               "environment": {}})
+    store._db.execute("UPDATE cells SET metrics='{not json' WHERE cell_id='bad'")
+    store._db.execute("INSERT INTO membership VALUES ('../../escape', 'c0ffee', 0)")
+    store._db.execute("INSERT INTO membership VALUES ('earlier', 'bad', 1)")
+    store.close()
+    before = {p for p in tmp_path.rglob("*") if not str(p).startswith(str(out))}
+    assert main(["leaderboard", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "skipping unreadable record 'bad'" in err
+    assert {p for p in tmp_path.rglob("*") if not str(p).startswith(str(out))} == before
+    assert all(p.resolve().is_relative_to(out.resolve()) for p in out.rglob("*"))
+    assert main(["leaderboard", "--out", str(out)]) == 0      # and again: the store is not poisoned
