@@ -144,8 +144,8 @@ def write_outputs(store: Store, out_dir: str | Path) -> Path:
         for scen in dict.fromkeys(r["scenario"] for r in mine):
             recs = [r for r in mine if r["scenario"] == scen]
             plot = _plot(recs, out / "plots" / f"{file_stem(f'{suite}--{scen}')}.png")
-            tables.append({"scenario": scen, "config": recs[0]["config"]["scenario"], **scenario_table(recs),
-                           "plot": f"plots/{plot}" if plot else None})
+            tables.append({"scenario": scen, "config": recs[0]["config"].get("scenario", {}),
+                           **scenario_table(recs), "plot": f"plots/{plot}" if plot else None})
         info = store.suite_info(suite)
         figures = []
         for i, spec in enumerate(info.get("figures", [])):
