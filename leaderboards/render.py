@@ -72,6 +72,24 @@ def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"columns": columns, "rows": rows}
 
 
+def clear_not_attacked(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per defense: metadata its uploads' views carried (sent in the clear) that no attack read."""
+    out: dict[str, list[str]] = {}
+    for dlabel in dict.fromkeys(defense_label(r) for r in records):
+        listed: dict[str, int] = {}
+        read: set[str] = set()
+        for rec in records:
+            if defense_label(rec) == dlabel:
+                for item in rec["details"].get("sent_in_clear", []):
+                    listed[item["key"]] = item["bytes"]
+                    if item["attacked"]:
+                        read.add(item["key"])
+        missed = [f"{key} ({size} B)" for key, size in listed.items() if key not in read]
+        if missed:
+            out[dlabel] = missed
+    return out
+
+
 def _cell(rec: dict[str, Any] | None, col: Column, schema) -> dict[str, Any]:
     if rec is None:
         return {"text": "", "sort": "", "cls": ""}
@@ -145,7 +163,8 @@ def write_outputs(store: Store, out_dir: str | Path) -> Path:
             recs = [r for r in mine if r["scenario"] == scen]
             plot = _plot(recs, out / "plots" / f"{file_stem(f'{suite}--{scen}')}.png")
             tables.append({"scenario": scen, "config": recs[0]["config"].get("scenario", {}),
-                           **scenario_table(recs), "plot": f"plots/{plot}" if plot else None})
+                           **scenario_table(recs), "plot": f"plots/{plot}" if plot else None,
+                           "unattacked": clear_not_attacked(recs)})
         info = store.suite_info(suite)
         figures = []
         for i, spec in enumerate(info.get("figures", [])):

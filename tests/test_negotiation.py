@@ -42,3 +42,16 @@ def test_nothing_sent_in_the_clear_blocks_the_attack():
     rec = next(run_group(list(tiny_suite(["plaintext"], ["negotiation-labels"], **SCENARIO).cells), None))
     assert rec["status"] == "blocked" and "in the clear" in rec["reason"]
     assert rec["details"]["sent_in_clear"] == []
+
+
+def test_page_lists_what_no_attack_read():
+    from leaderboards.render import clear_not_attacked
+
+    def rec(defense, items):
+        return {"defense": defense, "defense_params": {}, "details": {"sent_in_clear": items}}
+    vector = {"key": "sent/-1/sensitivity vector", "bytes": 40, "layout": "entries:f4"}
+    mask = {"key": "mask", "bytes": 5, "layout": "entries:bits", "attacked": False}
+    records = [rec("sensecrypt", [vector | {"attacked": True}, mask]), rec("sensecrypt", [vector | {"attacked": False},
+                                                                                        mask]),
+               {"defense": "plaintext", "defense_params": {}, "details": {}}]
+    assert clear_not_attacked(records) == {"sensecrypt": ["mask (5 B)"]}
