@@ -140,11 +140,14 @@ def _set_entries(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> Non
 
 def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tensor, mode: str,
                  generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Client update as a delta: one FedSGD step (-lr * grad) or local SGD epochs."""
+    """Client update as a delta: one FedSGD step (-lr * grad) or local SGD epochs.
+
+    The delta is taken against the model the client started from (the global model merged with its
+    personalized entries), so a personalized or per-cluster model advances by its own training."""
     sc = fed.scenario
     model = fed.new_model()
-    start = fed.params()
-    _set_entries(model, client.merged(start))
+    start = client.merged(fed.params())
+    _set_entries(model, start)
     model.train()
     if mode == "gradient":
         before = {n: b.detach().clone() for n, b in model.named_buffers() if n in fed.shapes}

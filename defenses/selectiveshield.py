@@ -83,7 +83,7 @@ class SelectiveShield(Defense):
     def _client_mask(self, fed, client, update: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         model = fed.new_model()
         state = dict(model.named_parameters()) | dict(model.named_buffers())
-        current = fed.params()
+        current = client.merged(fed.params())   # the model local training started from
         trained = {n: current[n] + update[n] for n in fed.names}
         with torch.no_grad():
             for n, v in trained.items():

@@ -58,3 +58,7 @@ metric("perplexity_true", "", True, "utility", "SHE-LoRA Table 14: perplexity of
        "aggregated Delta W", fmt="{:.1f}", per_target=False)(run_value("perplexity_true"))
 metric("perplexity_masked", "", None, "privacy", "SHE-LoRA Table 14: perplexity with the encrypted columns of Delta W "
        "zeroed (the server's usable model)", fmt="{:.1f}", per_target=False)(run_value("perplexity_masked"))
+metric("cluster_count", "", None, "utility", "SenseCrypt: clusters used for per-cluster FedAvg (after one-client "
+       "clusters merge into their nearest)", per_target=False)(run_value("cluster_count"))
+metric("single_upload_aggregates", "", True, "privacy", "SenseCrypt: (round, cluster) aggregates of one upload, which "
+       "the key server decrypts to that client's own update", per_target=False)(run_value("single_upload_aggregates"))

@@ -76,7 +76,7 @@ def test_clustering_recovers_the_categories_without_noise():
     fed = build_federation(sc, DATA, defense)
     defense.setup(fed)
     assert len(set(defense.truth)) == 5
-    assert defense.scores["ari"] >= 0.9 and defense.scores["clusters"] == 5
+    assert defense.scores["ari"] >= 0.9 and defense.scores["ap_cluster_count"] == 5
     assert defense.scores["silhouette"] > 0.5
 
 
@@ -245,3 +245,88 @@ def test_suite_cells_run_and_report_the_clustering_and_round_time():
         assert rec["details"]["key_topology"] == "key-server"
         if name.startswith("sensecrypt"):
             assert "ari" in rec["metrics"] and rec["metrics"]["mask_feasible_fraction"] <= 1.0
+
+
+def plain_train(fed, params: dict[str, torch.Tensor], client, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Reference local training: the scenario's SGD epochs from `params`, written out independently."""
+    model = fed.new_model()
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    with torch.no_grad():
+        for n in fed.names:
+            state[n].copy_(params[n])
+    sc = fed.scenario
+    opt = torch.optim.SGD(model.parameters(), lr=sc.lr)
+    for _ in range(sc.local_epochs):
+        for batch in torch.randperm(len(client.y), generator=gen).split(sc.batch_size):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(client.x[batch]), client.y[batch]).backward()
+            opt.step()
+    return {n: state[n].detach().clone() for n in fed.names}
+
+
+def test_cluster_models_follow_plain_per_cluster_fedavg_over_several_rounds():
+    """Members train from their cluster's model; each cluster model becomes its members' weighted mean."""
+    from bench.federation import _set_entries
+
+    defense = DEFENSES.get("sensecrypt")(key_bits=KEY, ratio_cap=0.05)
+    fed = build_federation(scenario(n=6, k=5), DATA, defense)
+    defense.setup(fed)
+    labels = defense.labels
+    reference = {c: fed.params() for c in set(labels)}
+    worst = []
+    for r in range(3):
+        fed.round = r
+        updates = {c.name: local_update(fed, c, c.x, c.y, "delta", torch.Generator().manual_seed(r * 100 + c.index))
+                   for c in fed.clients}
+        trained = {c.name: plain_train(fed, reference[labels[c.index]], c, torch.Generator().manual_seed(r * 100 + c.index))
+                   for c in fed.clients}
+        defense.round_start(fed, r, fed.clients, updates)
+        total = sum(c.num_samples for c in fed.clients)
+        uploads = [Upload(c.name, r, c.num_samples / total,
+                          defense.encode(fed, c, updates[c.name], c.num_samples / total)) for c in fed.clients]
+        update = defense.decode(fed, defense.aggregate(fed, uploads, fed.parties["server"]), defense.decoder(fed))
+        current = fed.params()
+        _set_entries(fed.model, {n: current[n] + update[n] for n in fed.names})
+        for client in fed.clients:
+            defense.merge(fed, client, update)
+        for cluster in reference:
+            members = [c for c in fed.clients if labels[c.index] == cluster]
+            size = sum(c.num_samples for c in members)
+            reference[cluster] = {n: sum(trained[c.name][n] * (c.num_samples / size) for c in members)
+                                  for n in fed.names}
+        models = fed.parties["key-server"].state["cluster_models"]
+        worst.append(max(float((models[c][n] - reference[c][n]).abs().max()) for c in reference for n in fed.names))
+        for client in fed.clients:   # where the next round's training starts
+            for n in fed.names:
+                assert torch.allclose(client.merged(fed.params())[n], reference[labels[client.index]][n], atol=1e-5)
+    assert len(set(labels)) > 1
+    assert max(worst) < 1e-5, worst
+
+
+def test_one_client_clusters_merge_into_the_nearest():
+    from defenses.sensecrypt.clustering import merge_singletons
+
+    points = np.array([[0.0], [0.1], [5.0], [5.2], [4.0], [20.0]])
+    dist = np.abs(points - points.T)
+    labels, merged = merge_singletons(dist, np.array([0, 0, 1, 1, 2, 3]))
+    assert merged == 2 and labels.tolist() == [0, 0, 1, 1, 1, 1]   # 4.0 joins 5.x; 20.0 joins the nearer 5.x group
+    labels, merged = merge_singletons(dist, np.arange(6))            # AP did not converge: everyone alone
+    assert min(np.bincount(labels)) >= 2 and merged >= 3
+    assert merge_singletons(dist[:1, :1], np.zeros(1, int))[0].tolist() == [0]
+
+
+def test_no_cluster_of_one_and_the_record_keeps_the_client_list():
+    from bench.runner import run_group
+    from tests.conftest import tiny_suite
+
+    # one class per client, 5 clients: AP (seed 0) leaves one client in a cluster of its own
+    suite = tiny_suite([("sensecrypt", {"key_bits": KEY, "ratio_cap": 0.05})], [("ilrg", {})], model="mlp-tiny",
+                       model_params={"hidden": 4}, num_clients=5, clients_per_round=5, partition="k-classes",
+                       classes_per_client=1, attack_batch_size=4)
+    rec = next(run_group(list(suite.cells), None))
+    assert rec["status"] in ("ok", "blocked"), rec["reason"]
+    info = rec["details"]["sensecrypt"]
+    assert info["singletons_merged"] >= 1 and info["ap_cluster_count"] >= 2
+    assert len(info["clusters"]) == 5 and min(np.bincount(info["clusters"])) >= 2
+    assert info["cluster_count"] == len(set(info["clusters"])) == rec["metrics"]["cluster_count"]
+    assert rec["metrics"]["single_upload_aggregates"] == 0

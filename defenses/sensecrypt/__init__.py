@@ -14,6 +14,11 @@ Interpretations where the paper leaves a choice open, each stated where it is co
   the initial model and uploads Gamma at its trained model. Measured: the further this model
   moves from the shared start (more epochs, larger lr), the worse AP recovers the categories.
   Similarity is the negative Euclidean distance; AP uses sklearn's default preference (median).
+- One-client clusters (AP may leave a client alone, and leaves everyone alone when it does not
+  converge) join the cluster nearest to them by mean sensitivity distance: the key server decrypts
+  each cluster's aggregate, and a cluster of one would reveal that client's update. ARI and the
+  silhouette score AP's own clustering; `cluster_count` is what FedAvg uses. A round that samples
+  a single member of a cluster still decrypts one update; `single_upload_aggregates` counts those.
 - Ground truth for ARI: a client's category is its exact label set under `k-classes`; `iid` is
   one category; `dirichlet` has none (no ARI).
 - Budgets: max-abs scaling within each cluster (section 3.2, N^c); Algorithm 3 scales over all

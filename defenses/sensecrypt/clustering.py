@@ -97,6 +97,27 @@ def _relabel(labels: np.ndarray) -> np.ndarray:
     return np.array([ids.setdefault(int(v), len(ids)) for v in labels])
 
 
+def merge_singletons(dist: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, int]:
+    """Every one-client cluster joins the cluster nearest to it (mean sensitivity distance to its members).
+
+    The key server decrypts each cluster's aggregate; a cluster of one would hand that client's update to
+    the aggregation server in the clear. Singletons are merged in client order, so when AP leaves every
+    client alone (non-convergence) they pair up. Returns the relabelled clusters and how many merged."""
+    labels = np.asarray(labels).copy()
+    merged = 0
+    while len(set(labels.tolist())) > 1:
+        ids, counts = np.unique(labels, return_counts=True)
+        alone = [c for c, n in zip(ids, counts) if n == 1]
+        if not alone:
+            break
+        member = int(np.flatnonzero(labels == alone[0])[0])
+        others = [c for c in ids if c != alone[0]]
+        nearest = min(others, key=lambda c: (float(dist[member, labels == c].mean()), int(c)))
+        labels[member] = nearest
+        merged += 1
+    return _relabel(labels), merged
+
+
 def cluster_scores(dist: np.ndarray, labels: np.ndarray, truth: list[int] | None) -> dict:
     """ARI against the ground-truth categories (None without them) and the silhouette (None if undefined)."""
     from sklearn.metrics import adjusted_rand_score, silhouette_score
@@ -104,4 +125,4 @@ def cluster_scores(dist: np.ndarray, labels: np.ndarray, truth: list[int] | None
     k = len(set(labels.tolist()))
     sil = float(silhouette_score(dist, labels, metric="precomputed")) if 1 < k < len(labels) else None
     ari = float(adjusted_rand_score(truth, labels)) if truth is not None else None
-    return {"ari": ari, "silhouette": sil, "clusters": int(k)}
+    return {"ari": ari, "silhouette": sil, "ap_cluster_count": int(k)}

@@ -2,7 +2,10 @@
 
 setup        Phase 1: keys from the key server (DKMS); each client trains `cluster_epochs` local
              epochs from the initial model, computes Gamma there and uploads it (optionally DP-noised)
-             with its device profile; the server clusters by AP and returns cluster ids and budgets.
+             with its device profile; the server clusters by AP, merges one-client clusters into
+             their nearest cluster (a cluster of one would let the key server's decrypted cluster
+             aggregate reveal that client's update; the paper does not say), and returns cluster
+             ids and budgets.
 round_start  each sampled client recomputes Gamma at its freshly trained model and solves its mask;
              the server tells it its FedAvg share within its cluster.
 encode       per-parameter Paillier on the mask, plaintext elsewhere, the mask in meta.
@@ -31,7 +34,7 @@ from bench.registry import DEFENSES
 from bench.wire import Message, Payload
 from defenses.sensecrypt import percluster
 from defenses.sensecrypt.clustering import (PREFERENCES, affinity_propagation, cluster_scores, distances, dp_noise,
-                                            dp_sigma, model_at, sensitivity, warm_model)
+                                            dp_sigma, merge_singletons, model_at, sensitivity, warm_model)
 from defenses.sensecrypt.evaluation import own_label_accuracy
 from defenses.sensecrypt.profiles import RoundClock, budgets, data_groups, device_profiles
 from defenses.sensecrypt.selection import SOLVERS, solve_mask
@@ -102,7 +105,8 @@ class SenseCrypt(Defense):
         labels, converged = affinity_propagation(dist, o["ap_preference"], fed.scenario.seed)
         self.cluster_s = time.perf_counter() - started
         self.truth = data_groups(fed)
-        self.scores = cluster_scores(dist, labels, self.truth)
+        self.scores = cluster_scores(dist, labels, self.truth)   # AP's own clustering, as the paper scores it
+        labels, self.singletons_merged = merge_singletons(dist, labels)
         self.converged, self.norms = converged, norms
         self.labels = [int(x) for x in labels]
         scopes = self.labels if o["budget_scope"] == "cluster" else [0] * len(self.labels)
@@ -150,11 +154,14 @@ class SenseCrypt(Defense):
 
     def aggregate(self, fed, uploads, server) -> Payload:
         out = percluster.aggregate(fed, uploads, server.state["clusters"], server.state["shares"], server, self.sizes)
+        index = {c.name: c.index for c in fed.clients}
+        senders = [self.labels[index[u.sender]] for u in uploads]
         for key, blob in out.meta.items():
             if key.startswith("union/"):
                 union = percluster.unpack_mask(blob, sum(self.sizes))
-                self.unions.append({"round": fed.round, "cluster": int(key.split("/")[1]),
-                                    "fraction": float(union.mean())})
+                cluster = int(key.split("/")[1])
+                self.unions.append({"round": fed.round, "cluster": cluster, "fraction": float(union.mean()),
+                                    "uploads": senders.count(cluster)})
         return out
 
     def decode(self, fed, aggregate: Payload, party) -> dict[str, torch.Tensor]:
@@ -186,6 +193,9 @@ class SenseCrypt(Defense):
         for name in ("ari", "silhouette"):
             if self.scores[name] is not None:
                 out[name] = self.scores[name]
+        # a cluster aggregate of one upload (a round that sampled one member) decrypts to that client's update
+        out["single_upload_aggregates"] = sum(u["uploads"] == 1 for u in self.unions)
+        out["cluster_count"] = len(set(self.labels))
         flags = [m["feasible"] for m in self.masks]
         if flags:
             out["mask_feasible_fraction"] = float(np.mean(flags))
@@ -196,8 +206,9 @@ class SenseCrypt(Defense):
         out["sensecrypt"] = {
             "key_bits": o["key_bits"], "test_only_key_size": bool(self.key.params.get("test_only_key_size")),
             "B": self.B, "C": self.C, "eta_mi": o["eta_mi"], "ratio_cap": self.ratio_cap,
-            "clusters": self.labels, "ground_truth": self.truth, "ap_converged": self.converged,
             "clustering_s": self.cluster_s, **{k: v for k, v in self.scores.items()},
+            "clusters": self.labels, "cluster_count": len(set(self.labels)), "singletons_merged": self.singletons_merged,
+            "ground_truth": self.truth, "ap_converged": self.converged,
             "sensitivity_norm": {"min": min(self.norms), "median": float(np.median(self.norms)),
                                  "max": max(self.norms)},
             "dp": None if o["dp_epsilon"] is None else {"epsilon": o["dp_epsilon"], "delta": o["dp_delta"],
