@@ -187,6 +187,7 @@ class PrME:
                               "nothing in plaintext")
 class DictPFL(Defense):
     key_topology = "shared-client-key"
+    decodes_weighted_sum = False   # pruned entries carry over to later rounds (accumulated residuals)
 
     def __init__(self, rank: int = 4, full_rank: bool = False, dictionary: str = "u", train_bias: bool = False,
                  prune: bool = True, s: float = 0.7, tau: int = 3, beta: float = 0.2,

@@ -33,6 +33,10 @@ weakest over the run is reported as `upload_noise_multiplier`); the ledger's eps
 is the guarantee of the aggregate. SelectiveShield's eq. 21 instead gives every client
 noise std z*C*sqrt(m), a per-upload multiplier z*sqrt(m), m times the noise on the sum.
 
+Composition: only inner defenses whose decoded aggregate is the weighted sum of what they
+were given (`Defense.decodes_weighted_sum`) can be wrapped; others (per-cluster FedAvg,
+per-entry means, carried-over residuals) are refused when the suite loads.
+
 Not covered by the guarantee: anything an inner defense sends in the clear that is
 derived from the (clipped) updates during its negotiation, e.g. mask proposals.
 """
@@ -92,6 +96,12 @@ class DPFedAvg(Defense):
         inner_cls = DEFENSES.get(inner)
         if isinstance(inner_cls, type) and issubclass(inner_cls, DPFedAvg):
             raise ValueError(f"dp-fedavg: inner defense '{inner}' is itself DP; wrap a non-DP defense")
+        if not getattr(inner_cls, "decodes_weighted_sum", False):
+            fits = [n for n in DEFENSES.names() if getattr(DEFENSES.get(n), "decodes_weighted_sum", False)
+                    and not issubclass(DEFENSES.get(n), DPFedAvg)]
+            raise ValueError(f"dp-fedavg: inner defense '{inner}' does not decode the weighted sum of the clipped "
+                             f"updates, so noise calibrated for sum / W would not give the accounted epsilon; "
+                             f"wrap one of: {', '.join(fits)}")
         self.inner: Defense = inner_cls(**(inner_params or {}))
         self.key_topology = self.inner.key_topology
         self.clip = float(clip)

@@ -283,3 +283,50 @@ def test_target_epsilon_is_met_by_the_run(data, scenario, private_cache):
     assert run.metrics["noise_multiplier"] == noise_for_epsilon(2.0, scenario.delta, 0.5, scenario.rounds)
     assert run.metrics["epsilon"] <= 2.0 and run.metrics["epsilon"] == pytest.approx(2.0, rel=0.01)
     assert run.details["dp"]["target_epsilon"] == 2.0
+
+
+# --------------------------------------------------------------------------- composition with every defense
+
+def _inner_cases():
+    from bench.registry import DEFENSES as REG
+    from tests.test_e2e_grid import GRID_DEFENSES
+    params = dict(GRID_DEFENSES)
+    return [(n, params.get(n, {})) for n in REG.names() if not issubclass(REG.get(n), DPFedAvg)]
+
+
+@pytest.mark.parametrize("inner,params", _inner_cases(), ids=[n for n, _ in _inner_cases()])
+def test_dp_composes_exactly_or_refuses_at_load(inner, params, tmp_path, capsys):
+    """Every defense: DP-FedAvg around it decodes sum / W of the clipped updates, or the suite does not load."""
+    from bench.cli import main
+    from bench.federation import local_update
+
+    inner_cls = DEFENSES.get(inner)
+    if not inner_cls.decodes_weighted_sum:
+        with pytest.raises(ValueError, match=f"inner defense '{inner}' does not decode the weighted sum"):
+            DPFedAvg(noise_multiplier=1.0, inner=inner, inner_params=params)
+        suite = tmp_path / "s.toml"
+        suite.write_text(f'name = "s"\n[[scenarios]]\nname = "t"\ndataset = "digits"\nmodel = "mlp"\n'
+                         f'[[defenses]]\nname = "dp-fedavg"\nparams = {{noise_multiplier = 1.0, inner = "{inner}"}}\n'
+                         f'[[attacks]]\nname = "ilrg"\n')
+        assert main(["run", str(suite), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "does not decode the weighted sum" in err and "\n" not in err
+        return
+    sc = Scenario(name="compose", dataset="digits", model="mlp-tiny", model_params={"hidden": 4}, num_clients=3,
+                  clients_per_round=3, rounds=1, max_train=90, max_test=30, local_epochs=1, batch_size=16, lr=0.5)
+    dp = DPFedAvg(noise_multiplier=1e-9, clip=0.05, inner=inner, inner_params=params)
+    fed = build_federation(sc, load_dataset("digits", None), dp)
+    dp.setup(fed)
+    fed.round = 0
+    updates = {c.name: local_update(fed, c, c.x, c.y, "delta", torch.Generator().manual_seed(c.index))
+               for c in fed.clients}
+    dp.round_start(fed, 0, fed.clients, updates)
+    total = sum(c.num_samples for c in fed.clients)
+    uploads = [Upload(c.name, 0, c.num_samples / total, dp.encode(fed, c, updates[c.name], c.num_samples / total))
+               for c in fed.clients]
+    decoded = dp.decode(fed, dp.aggregate(fed, uploads, fed.parties["server"]), dp.decoder(fed))
+    clipped = [clip_update(updates[c.name], 0.05)[0] for c in fed.clients]
+    for n in fed.names:
+        expected = sum(u[n].double() for u in clipped) / 3
+        assert torch.allclose(decoded[n].double(), expected, atol=1e-5), (inner, n)
+    assert max(float(expected.abs().max()) for expected in (sum(u[n] for u in clipped) for n in fed.names)) > 1e-3

@@ -47,6 +47,7 @@ PAPER_BC = {"grey": (1.3, 0.7), "colour": (2.0, 0.5)}
                                  "per-parameter Paillier, key server")
 class SenseCrypt(Defense):
     key_topology = "key-server"
+    decodes_weighted_sum = False   # per-cluster FedAvg: the global model is a mean of cluster models
 
     def __init__(self, key_bits: int = 2048, B: float | None = None, C: float | None = None, eta_mi: float = 2.0,
                  mi_bins: int = 32, ratio_cap: float = 1.0, solver: str = "exact",
