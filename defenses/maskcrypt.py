@@ -59,8 +59,10 @@ class MaskCrypt(Defense):
     def _proposal(self, fed, client, update: dict[str, torch.Tensor]) -> np.ndarray:
         total = sum(self.sizes)
         k = max(1, int(round(self.rho * total)))
-        if self.random_mask:
-            return fed.rng.choice(total, size=k, replace=False)
+        if self.random_mask:   # the client's own stream: never the engine's client-sampling generator
+            rng = client.party.state.setdefault("mask_rng", np.random.default_rng([fed.scenario.seed, 0x4D43,
+                                                                                   client.index]))
+            return rng.choice(total, size=k, replace=False)
         current = fed.params()
         latest = {n: current[n] + update[n] for n in fed.names}
         model = fed.new_model()

@@ -16,7 +16,8 @@ _RUN = [
     ("upload_bytes", "B", True, "cost", "bytes one client sends per round (len of what is on the wire)", "{:,.0f}", False),
     ("download_bytes", "B", True, "cost", "bytes one client receives per round", "{:,.0f}", False),
     ("ciphertext_bytes", "B", True, "cost", "serialized ciphertext bytes per client upload", "{:,.0f}", False),
-    ("setup_bytes", "B", True, "cost", "bytes exchanged before the first round (keys, negotiation)", "{:,.0f}", False),
+    ("setup_bytes", "B", True, "cost", "bytes exchanged before the first round (keys, negotiation); a CKKS public "
+     "context's compressed size varies by tens of bytes with each key generation", "{:,.0f}", True),
     ("wall_s", "s", True, "cost", "wall time of the federated run", "{:.2f}", True),
     ("he_encrypt_s", "s", True, "cost", "client encryption time per upload", "{:.4f}", True),
     ("he_aggregate_s", "s", True, "cost", "server homomorphic aggregation time per round", "{:.4f}", True),

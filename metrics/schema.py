@@ -36,7 +36,7 @@ class Metric:
     compute: Callable[[Evidence], Any]
     fmt: str = "{:.3f}"
     per_target: bool = True           # averaged over attacked uploads; False: a property of the run
-    timing: bool = False              # wall-clock dependent: excluded from determinism checks
+    timing: bool = False              # not reproducible run to run (wall clock, key sizes): excluded from determinism checks
     details: Callable[[Evidence], dict] | None = None   # extra evidence kept in the record (raw scores, CIs)
 
     @property

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from bench.crypto import (PARAM_SETS, CKKSParams, CryptoError, KeyMaterial, choose_ckks_params, ckks_keygen,
                           open_aggregator, open_decryptor, open_encryptor, paillier_keygen)
-from bench.crypto.params import HEADER_BYTES
+from bench.crypto.ckks import to_grid
+from bench.crypto.params import GRID, HEADER_BYTES
 
 TEST_ONLY_PAILLIER_BITS = 512  # far below 2048: fast, and flagged test-only in the key's params
 
@@ -66,7 +67,8 @@ def test_ckks_round_trip(ckks_km):
     assert len(blobs) == 3  # 2048 + 2048 + 904 slots
     out = open_decryptor(ckks_km, "client-0").decrypt(blobs, x.size)
     assert out.dtype == np.float64 and out.shape == x.shape
-    assert np.abs(out - x).max() < 1e-7
+    np.testing.assert_array_equal(out, to_grid(x))         # exactly the grid-rounded input: no CKKS noise
+    assert np.abs(out - x).max() <= GRID / 2
 
 
 def test_ckks_twenty_clients_weighted_sum(ckks_km):
@@ -78,7 +80,12 @@ def test_ckks_twenty_clients_weighted_sum(ckks_km):
                for i, (w, u) in enumerate(zip(weights, updates))]
     total = open_aggregator(ckks_km.public_only(), "aggregation server").add(uploads)
     out = open_decryptor(ckks_km, "client-0").decrypt(total, 10_000)
-    assert np.abs(out - weights @ updates).max() < 1e-6
+    np.testing.assert_array_equal(out, sum(to_grid(w * u) for w, u in zip(weights, updates)))
+    assert np.abs(out - weights @ updates).max() <= 20 * GRID / 2
+    again = open_aggregator(ckks_km.public_only(), "aggregation server").add(
+        [open_encryptor(ckks_km.public_only(), f"client-{i}").encrypt(w * u)
+         for i, (w, u) in enumerate(zip(weights, updates))])
+    np.testing.assert_array_equal(open_decryptor(ckks_km, "client-0").decrypt(again, 10_000), out)  # fresh noise
 
 
 def test_server_cannot_decrypt(ckks_km):
@@ -157,7 +164,7 @@ def test_ckks_round_trip_property(ckks_km, length, seed):
     assert len(blobs) == -(-length // PARAM_SETS["n4096"].slots)
     out = open_decryptor(ckks_km, "client-0").decrypt(blobs, length)
     assert out.shape == (length,)
-    assert np.abs(out - x.astype(np.float64)).max() < 1e-6
+    np.testing.assert_array_equal(out, to_grid(x))
 
 
 # ------------------------------------------------------------------------- Paillier

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.crypto import CryptoError
+from bench.crypto.params import GRID
 from bench.datasets import load_dataset
 from bench.defense import hybrid_payload
 from bench.federation import build_federation, local_update, run_federation
@@ -43,7 +44,7 @@ def test_decrypted_aggregate_equals_plaintext_fedavg_for_20_clients(name):
     fed = _fed()
     got, expected, uploads = _one_round(fed, DEFENSES.get(name)())
     worst = max(float((got[n] - expected[n]).abs().max()) for n in fed.names)
-    assert worst < 1e-6
+    assert worst <= len(uploads) * GRID / 2 + 1e-8   # each client's input rounded to the CKKS grid, no noise left
     assert all(u.payload.cipher_bytes > 0 for u in uploads)
 
 
@@ -70,7 +71,7 @@ def test_under_key_server_no_client_can_decrypt():
     from bench.crypto import open_decryptor
     with pytest.raises(CryptoError, match="client-0"):
         open_decryptor(fed.clients[0].party.keys["ckks"], "client-0")
-    assert max(float((got[n] - expected[n]).abs().max()) for n in fed.names) < 1e-6
+    assert max(float((got[n] - expected[n]).abs().max()) for n in fed.names) <= 3 * GRID / 2 + 1e-8
 
 
 def test_full_he_server_view_is_empty():

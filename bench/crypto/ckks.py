@@ -3,9 +3,15 @@
 A flat vector is cut into `ts.ckks_vector` chunks of exactly N/2 slots (the last one partial), one
 framed blob per chunk; `ckks_tensor` (one ciphertext per element) is never used. Neither galois nor
 relinearization keys are generated into the serialized material: aggregation only adds, and they would
-make the public context several times larger. Decrypted values carry CKKS noise that can leak the
-secret key if shared verbatim (IND-CPA^D, Li-Micciancio 2020); round them, e.g. to float32, before
-anything derived from them leaves the key holder.
+make the public context several times larger.
+
+Fixed point on a grid: clients round every value to a multiple of GRID = 2^-21 before encrypting,
+and the key holder rounds what it decrypts to the same grid. A sum of grid values is a grid value,
+and choose_ckks_params keeps the conservative noise bound of the sum under GRID / 4, so decryption
+returns the exact sum of the rounded inputs: no CKKS noise reaches anything derived from it (the
+IND-CPA^D hygiene of Li-Micciancio 2020) and a run is reproducible, where raw noise would feed
+thresholds (Fisher masks, pruning) differently each run. The rounding moves a value by at most
+GRID / 2 = 2.4e-7, inside the 1e-6 error CKKS was accepted with.
 """
 from __future__ import annotations
 
@@ -15,7 +21,12 @@ from typing import Any
 import numpy as np
 import tenseal as ts
 
-from bench.crypto.params import (Aggregator, CKKSParams, CryptoError, Decryptor, Encryptor, KeyMaterial)
+from bench.crypto.params import (GRID, Aggregator, CKKSParams, CryptoError, Decryptor, Encryptor, KeyMaterial)
+
+
+def to_grid(values: np.ndarray) -> np.ndarray:
+    """Nearest multiple of GRID (exact in float64 for |values| < 2^31 * GRID)."""
+    return np.rint(np.asarray(values, dtype=np.float64) / GRID) * GRID
 
 
 DEFAULT_MAX_SUMMANDS = 64
@@ -63,7 +74,7 @@ class CKKSEncryptor(Encryptor):
         self.context = _context(km.public)
 
     def _encrypt_chunk(self, chunk: np.ndarray) -> bytes:
-        return ts.ckks_vector(self.context, chunk.tolist()).serialize()
+        return ts.ckks_vector(self.context, to_grid(chunk).tolist()).serialize()
 
 
 class CKKSAggregator(Aggregator):
@@ -108,4 +119,4 @@ class CKKSDecryptor(Decryptor):
         except Exception as exc:
             raise CryptoError(self.party, f"{what} is truncated or garbled ({type(exc).__name__}: {exc}); "
                                           f"{verdict}") from None
-        return np.asarray(vec.decrypt(), dtype=np.float64)
+        return to_grid(vec.decrypt())

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 
 HEADER_BYTES = 12
-TARGET_ABS_ERROR = 1e-6  # max abs error of an aggregated, decrypted value that choose_ckks_params accepts
+TARGET_ABS_ERROR = 1e-6  # max abs CKKS noise of an aggregated, decrypted value that choose_ckks_params accepts
+GRID = 2.0 ** -21        # CKKS fixed-point grid (ckks.py); the noise bound of a sum must stay under GRID / 4, and
+                         # a K-client sum is exact on the grid, within K * GRID / 2 of the unrounded inputs' sum
 
 # HomomorphicEncryption.org standard, classical attacks, ternary secret: max log2(Q) per N and security level.
 _MAX_LOGQ = {
@@ -108,16 +110,17 @@ PARAM_SETS: dict[str, CKKSParams] = {
 
 
 def choose_ckks_params(num_clients: int, needs_multiply: bool = False) -> CKKSParams:
-    """Cheapest set whose aggregate error stays under TARGET_ABS_ERROR (pre-weighted updates, server only adds)."""
+    """Cheapest set whose aggregate noise stays under TARGET_ABS_ERROR and GRID / 4 (pre-weighted updates, server
+    only adds), so rounding the decrypted sum to the grid recovers it exactly."""
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     for params in PARAM_SETS.values():
         if needs_multiply and params.multiply_depth < 1:
             continue
-        if params.expected_error(num_clients) <= TARGET_ABS_ERROR:
+        if params.expected_error(num_clients) <= min(TARGET_ABS_ERROR, GRID / 4):
             return params
     raise ValueError(f"no CKKS parameter set keeps the error of a {num_clients}-client sum under "
-                     f"{TARGET_ABS_ERROR:g}; aggregate hierarchically or add a set with a larger scale")
+                     f"{min(TARGET_ABS_ERROR, GRID / 4):g}; aggregate hierarchically or add a set with a larger scale")
 
 
 @dataclass(frozen=True)
