@@ -81,7 +81,11 @@ class FedHEFull(SelectiveHE):
 @DEFENSES.register("fedml-he", "FedML-HE: top-p of the HE-aggregated label-sensitivity map, one global mask")
 class FedMLHE(SelectiveHE):
     """Jin et al.: sensitivity d(grad)/d(label) per parameter (exact per-sample-gradient form, see
-    defenses/scores.py), local maps aggregated under HE, top-p (default 0.10) fixed after round one."""
+    defenses/scores.py), local maps aggregated under HE, top-p (default 0.10) fixed after round one.
+
+    Each client's local map is the mean over its first 32 samples (scores.label_sensitivity's cap),
+    not over all its data: one backward pass per sample is the cost, and the paper does not fix the
+    sample count. A client's later samples do not shape the mask."""
 
     def __init__(self, ratio: float = 0.10, keys: str = "shared-client-key") -> None:
         super().__init__(rule="max", ratio=ratio, score="label-sensitivity", keys=keys)

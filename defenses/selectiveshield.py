@@ -13,10 +13,12 @@ Followed section by section:
 - 4.4 Noise zone: clipped to L2 norm `clip` (eq. 20) and noised (eq. 21). Eq. 21 writes
   the variance as (C sigma)^2 |K|, but eq. 22 charges each client alpha / (2 sigma^2),
   which is the RDP of noise std C*sigma on a release of sensitivity C. We follow eq. 22
-  and add N(0, (C sigma)^2) per entry on each client: the per-client guarantee the paper
-  states holds exactly, and the accountant (Opacus RDP with sample rate 1, i.e. no
-  subsampling amplification, T steps, converted as in Lemma 2 / Balle et al.) is the
-  paper's T-round bound. sigma comes from `noise_multiplier` or from `target_epsilon`.
+  and add N(0, (C sigma)^2) per entry on each client. Under this reading the accountant
+  (Opacus RDP with sample rate 1, i.e. no subsampling amplification, T steps, converted as
+  in Lemma 2 / Balle et al.) gives the paper's T-round per-client bound for the noise-zone
+  releases only: the Fisher masks M_n sent in the clear during negotiation depend on the
+  data and are not covered, and the bound rests on reading eq. 21's |K| factor as a typo.
+  sigma comes from `noise_multiplier` or from `target_epsilon`.
 - 4.5 Two servers: the key server alone holds the secret key; clients and the
   aggregation server get public material only. The aggregation server sums ciphertexts
   (eq. 23) and the noise-zone plaintexts (eq. 24), the key server decrypts (eq. 25) and
