@@ -14,6 +14,7 @@ from bench.wire import Payload
 @DEFENSES.register("base", "reference row: the model before federated training (nothing uploaded or applied)")
 class Base(Defense):
     key_topology = "none"
+    decodes_weighted_sum = False   # nothing is sent, the decoded update is zero
 
     def encode(self, fed, client, update, weight) -> Payload:
         return Payload()
