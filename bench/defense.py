@@ -43,7 +43,8 @@ class Defense(Configurable):
     """Base defense: plaintext FedAvg wire arithmetic; subclasses override hooks."""
 
     key_topology: ClassVar[str] = "none"
-    # True when decode(aggregate(uploads)) is sum_k weight_k * update_k of the updates given to encode,
+    # True when decode(aggregate(uploads)) is sum_k weight_k * update_k of the updates given to encode
+    # (up to noise that does not depend on the data, which only adds privacy),
     # with the weights given to encode and carried by the uploads: what DP-FedAvg's noise calibration
     # (sum / W of clipped updates) relies on when it wraps this defense. Defenses whose aggregate is
     # anything else (per-cluster models, means over who sent an entry, carried-over residuals) say False.
