@@ -39,6 +39,7 @@ RULES = ("max", "min", "random")
                                "B*A^cipher, column-aware aggregation, SVD reparameterization to each rank")
 class SheLoRA(Defense):
     key_topology = "shared-client-key"
+    decodes_weighted_sum = False   # aggregates Delta W = B A column-aware, then SVD back to each client's rank
 
     def __init__(self, budget: float | None = None, rule: str = "max", chunk: int = 4, calibration: int = 128,
                  min_columns: int = 1, sigma: float = 0.0) -> None:
