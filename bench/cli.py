@@ -16,7 +16,10 @@ DEFAULT_OUT = "out"
 
 
 def _parser() -> argparse.ArgumentParser:
+    from bench.version import package_version
+
     p = argparse.ArgumentParser(prog="leakbench", description="Privacy attacks vs. defenses in federated learning.")
+    p.add_argument("--version", action="version", version=f"leakbench {package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="list registered things, one line each")
     ls.add_argument("kind", choices=sorted(KINDS))
@@ -25,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=DEFAULT_OUT, help="output directory (store, results, leaderboard)")
     run.add_argument("--data-root", default=None, help="data root (default: $LEAKBENCH_DATA; digits needs none)")
     run.add_argument("--workers", type=int, default=1, help="parallel processes, one federated run each")
+    run.add_argument("--force", action="store_true", help="recompute the selected cells even if stored")
+    run.add_argument("--only", metavar="PATTERN", default=None,
+                     help="run only cells whose label scenario/defense/attack matches (glob, or a substring)")
+    run.add_argument("--dry-run", action="store_true", help="list the selected cells and whether each would run")
     lb = sub.add_parser("leaderboard", help="render the leaderboard from the store in --out")
     lb.add_argument("--out", default=DEFAULT_OUT)
     return p
@@ -52,15 +59,21 @@ def _run(args) -> int:
     check_suite_data(suite, args.data_root)
     preflight(suite, args.data_root)
     check_out(args.out)
-    summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm)
+    summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
+                        force=args.force, only=args.only, dry_run=args.dry_run)
+    if args.dry_run:
+        for label, state in summary.plan:
+            print(f"{'skip (done)' if state == 'done' else 'run (' + state + ')':14s} {label}")
+        print(f"suite {suite.name}: {len(summary.plan) - summary.skipped} of {len(summary.plan)} selected cell(s) "
+              f"would run ({summary.stale} stale); nothing was run")
+        return 0
     store = Store(Path(args.out) / "leakbench.sqlite")
     page = write_outputs(store, args.out)
     store.close()
     print(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.failed} failed, "
-          f"{summary.skipped} already done; leaderboard: {page}")
-    if summary.failed:
-        print(f"leakbench: {summary.failed} cell(s) failed; their reasons are in {Path(args.out) / 'results.json'}",
-              file=sys.stderr)
+          f"{summary.skipped} already done, {summary.stale} recomputed after a code change; leaderboard: {page}")
+    for label, reason in summary.failures:
+        print(f"leakbench: failed: {label}: {reason}", file=sys.stderr)
     return summary.exit_code
 
 

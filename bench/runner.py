@@ -4,16 +4,20 @@ Cells sharing a scenario and a defense share one federated run (the attacks repl
 against the recorded uploads). Each finished cell is written to the store at once. A
 failing cell is recorded with its one-line reason and does not stop the others; the
 run's exit status reports it. Groups are independent, so the executor is a seam: in
-process by default, a process pool with --workers N. A group with any cell missing is
+process by default, a process pool with --workers N. A group with any selected cell missing is
 recomputed whole, so a group's rows always come from one federated run (its run id is in
 each record's environment); each group is claimed in the store (bench/claims.py), so concurrent
 runs into one --out compute it once.
+
+A stored cell is reused only when it finished and was computed by the same code (package
+version and code fingerprint, bench/version.py); `force` recomputes everything selected,
+`only` selects cells by label pattern, `dry_run` reports what would run and runs nothing.
 """
 from __future__ import annotations
 
+import fnmatch
 import os
 import platform
-
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -36,6 +40,9 @@ class RunSummary:
     blocked: int
     failed: int
     skipped: int
+    stale: int = 0                                   # recomputed because the code changed
+    failures: tuple[tuple[str, str], ...] = ()       # (cell label, one-line reason)
+    plan: tuple[tuple[str, str], ...] = ()           # dry run: (cell label, new | stale | done | forced)
 
     @property
     def exit_code(self) -> int:
@@ -43,8 +50,18 @@ class RunSummary:
 
 
 def environment() -> dict[str, Any]:
+    from bench.version import code_fingerprint, package_version
     return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": code_fingerprint()}
+
+
+def selected(cell: Cell, pattern: str | None) -> bool:
+    """--only: a glob over the cell label scenario/defense/attack, or a substring of it."""
+    if not pattern:
+        return True
+    if any(ch in pattern for ch in "*?["):
+        return fnmatch.fnmatchcase(cell.label, pattern)
+    return pattern in cell.label
 
 
 def one_line(err: BaseException) -> str:
@@ -209,53 +226,73 @@ def _group(cells: list[Cell]) -> list[list[Cell]]:
     return list(groups.values())
 
 
-def _claimed_group(cells: list[Cell], data_root: str | None, store: Store, claims: Claims,
-                   on_record: Callable[[str], None] | None = None) -> list[str] | None:
+Outcome = tuple[str, str, str]   # (status, cell label, one-line reason)
+
+
+def _claimed_group(cells: list[Cell], data_root: str | None, store: Store, claims: Claims, fingerprint: str,
+                   force: bool, on_record: Callable[[str, str, str], None] | None = None) -> list[Outcome] | None:
     """Claim the group, compute all of its cells in one federated run and store them; None if another
-    run holds it. A group already finished (by another run meanwhile) is skipped: ["skipped", ...]."""
+    run holds it. A group finished by another run meanwhile (and not forced) is reported as skipped."""
     grp = group_id(cells)
     if not claims.claim(grp):
         return None
     try:
-        if all(store.finished(c.cell_id) for c in cells):
-            return ["skipped"] * len(cells)
-        statuses = []
-        for record in run_group(cells, data_root):
+        if not force and all(store.finished(c.cell_id, fingerprint) for c in cells):
+            return [("skipped", c.label, "") for c in cells]
+        outcomes = []
+        for cell, record in zip(cells, run_group(cells, data_root)):
             store.put(record)
             claims.beat(grp)
-            statuses.append(record["status"])
+            outcomes.append((record["status"], cell.label, record["reason"]))
             if on_record:
-                on_record(record["status"])
-        return statuses
+                on_record(*outcomes[-1])
+        return outcomes
     finally:
         claims.release(grp)
 
 
-def _run_group_into(cells: list[Cell], data_root: str | None, store_path: str) -> list[str] | None:
-    """Process-pool worker: claims and writes its group itself, returns statuses (None: claimed elsewhere)."""
+def _run_group_into(cells: list[Cell], data_root: str | None, store_path: str, fingerprint: str,
+                    force: bool) -> list[Outcome] | None:
+    """Process-pool worker: claims and writes its group itself (None: claimed elsewhere)."""
     store = Store(store_path)
     claims = Claims(store_path)
     try:
-        return _claimed_group(cells, data_root, store, claims)
+        return _claimed_group(cells, data_root, store, claims, fingerprint, force)
     finally:
         claims.close()
         store.close()
 
 
 def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, workers: int = 1,
-              progress: Callable[..., Any] | None = None, poll_s: float = 1.0) -> RunSummary:
-    """Run every group with a missing cell, whole (its cells then share one federated run), each group
-    claimed in the store so that concurrent runs into one --out compute it once."""
+              progress: Callable[..., Any] | None = None, force: bool = False, only: str | None = None,
+              dry_run: bool = False, poll_s: float = 1.0) -> RunSummary:
+    """Run every group with a selected cell missing or stale, whole (its cells then share one federated
+    run), each group claimed in the store so that concurrent runs into one --out compute it once."""
+    from bench.version import code_fingerprint
+
     out = Path(out_dir)
     store = Store(out / "leakbench.sqlite")
+    fingerprint = code_fingerprint()
+    chosen = [c for c in suite.cells if selected(c, only)]
+    states = {c.cell_id: ("forced" if force else store.state(c.cell_id, fingerprint)) for c in chosen}
+    pending = [g for g in _group(chosen) if any(states[c.cell_id] != "done" for c in g)]
+    stale = sum(states[c.cell_id] == "stale" for g in pending for c in g)
+    skipped = len(chosen) - sum(len(g) for g in pending)
+    if dry_run:
+        store.close()
+        rerun = {c.cell_id for g in pending for c in g}   # a done cell of a pending group reruns with it
+        return RunSummary(0, 0, 0, skipped, stale, plan=tuple(
+            (c.label, "group" if states[c.cell_id] == "done" and c.cell_id in rerun else states[c.cell_id])
+            for c in chosen))
     store.set_membership(suite.name, [c.cell_id for c in suite.cells], suite.page_info())
-    pending = [g for g in _group(list(suite.cells)) if not all(store.finished(c.cell_id) for c in g)]
-    counts = {"ok": 0, "blocked": 0, "failed": 0, "skipped": 0}
-    counts["skipped"] = len(suite.cells) - sum(len(g) for g in pending)
+    counts = {"ok": 0, "blocked": 0, "failed": 0, "skipped": skipped}
+    failures: list[tuple[str, str]] = []
     bar = progress(total=sum(len(g) for g in pending), desc=f"suite {suite.name}", unit="cell") if progress else None
 
-    def tally(status: str) -> None:
+    def tally(status: str, label: str, reason: str) -> None:
         counts[status] += 1
+        if status == "failed":
+            failures.append((label, reason))
         if bar:
             bar.update(1)
 
@@ -265,22 +302,22 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
             busy = []
             if workers <= 1:
                 for cells in pending:
-                    done = _claimed_group(cells, data_root, store, claims, on_record=tally)
+                    done = _claimed_group(cells, data_root, store, claims, fingerprint, force, on_record=tally)
                     if done is None:
                         busy.append(cells)
-                    elif done and done[0] == "skipped":
-                        for status in done:
-                            tally(status)
+                    elif done[0][0] == "skipped":
+                        for outcome in done:
+                            tally(*outcome)
             else:
                 with ProcessPoolExecutor(max_workers=workers) as pool:
-                    futures = {pool.submit(_run_group_into, cells, data_root, str(store.path)): cells
-                               for cells in pending}
+                    futures = {pool.submit(_run_group_into, cells, data_root, str(store.path), fingerprint,
+                                           force): cells for cells in pending}
                     for fut in as_completed(futures):
                         done = fut.result()
                         if done is None:
                             busy.append(futures[fut])
-                        for status in done or ():
-                            tally(status)
+                        for outcome in done or ():
+                            tally(*outcome)
             if len(busy) == len(pending):
                 time.sleep(poll_s)   # every remaining group is being computed by another run
             pending = busy
@@ -289,7 +326,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         if bar:
             bar.close()
         store.close()
-    return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"])
+    return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"], stale, tuple(failures))
 
 
 __all__ = ["run_suite", "run_group", "score_cell", "preflight", "RunSummary"]

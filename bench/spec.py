@@ -167,6 +167,11 @@ class Cell:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
+    def label(self) -> str:
+        """scenario/defense/attack with parameters: what --only matches and failures are listed by."""
+        return f"{self.scenario.name}/{self.defense.label}/{self.attack.label}"
+
+    @property
     def group_key(self) -> tuple[str, str]:
         """Cells sharing scenario and defense share one federated run."""
         return (self.scenario.name, json.dumps(dataclasses.asdict(self.defense), sort_keys=True, default=str))

@@ -1,6 +1,7 @@
 """Results store: one SQLite row per finished cell, each committed in its own transaction.
 
-A killed run loses no finished cell and a rerun skips them (failed cells are retried).
+A killed run loses no finished cell and a rerun skips them (failed cells are retried, and
+cells whose recorded code fingerprint differs from the running code's are recomputed).
 A file that is not a readable store is reported, never silently replaced.
 """
 from __future__ import annotations
@@ -81,9 +82,17 @@ class Store:
                                    (suite,)).fetchone()
             self._db.execute("INSERT OR IGNORE INTO membership VALUES (?, ?, ?)", (suite, cell_id, row[0]))
 
-    def finished(self, cell_id: str) -> bool:
-        row = self._db.execute("SELECT status FROM cells WHERE cell_id=?", (cell_id,)).fetchone()
-        return row is not None and row[0] in FINISHED
+    def finished(self, cell_id: str, fingerprint: str | None = None) -> bool:
+        """A stored ok/blocked cell (computed by code with this fingerprint, when one is given)."""
+        return self.state(cell_id, fingerprint) == "done"
+
+    def state(self, cell_id: str, fingerprint: str | None = None) -> str:
+        """'new' (not stored or failed), 'stale' (stored by code with another fingerprint) or 'done'."""
+        row = self._db.execute("SELECT status, json_extract(environment, '$.fingerprint') FROM cells "
+                               "WHERE cell_id=?", (cell_id,)).fetchone()
+        if row is None or row[0] not in FINISHED:
+            return "new"
+        return "stale" if fingerprint is not None and row[1] != fingerprint else "done"
 
     def put(self, record: dict[str, Any]) -> None:
         """Write one cell in its own transaction."""
