@@ -18,6 +18,8 @@ from bench.view import Knowledge, ServerView
 
 @ATTACKS.register("idlg-extended", "iDLG-extended label rule: classes with a negative weight-gradient row sum")
 class IDLGExtended(Attack):
+    family = "label"
+
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         return head_blocked(view, knowledge, need_bias=False)
 
@@ -29,6 +31,8 @@ class IDLGExtended(Attack):
 
 @ATTACKS.register("random-guess", "K labels drawn uniformly at random: the floor of the label metrics")
 class RandomGuess(Attack):
+    family = "reference"
+
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         if knowledge.task != "classification":
             return f"guesses class labels, this scenario is {knowledge.task}"

@@ -133,6 +133,8 @@ def solve_counts(probs: np.ndarray, grad_b: np.ndarray, batch_size: int,
 @ATTACKS.register("ilrg", "iLRG, the official algorithm: label counts from the head's gradients by one "
                           "pseudo-inverse solve")
 class ILRG(Attack):
+    family = "label"
+
     def __init__(self, alpha: float = 1.0, estimate: bool = False) -> None:
         if not alpha > 0:
             raise ValueError(f"alpha must be > 0, got {alpha}")

@@ -249,6 +249,7 @@ class GradientInversion(Attack):
 
     Subclasses set `strategies` (the label strategies they accept) and pass their Recipe."""
 
+    family = "image"
     strategies: tuple[str, ...] = LABEL_STRATEGIES
 
     def __init__(self, recipe: Recipe, label_strategy: str, **params) -> None:

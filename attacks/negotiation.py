@@ -84,6 +84,8 @@ def spread(scores: np.ndarray, present: np.ndarray, batch_size: int) -> np.ndarr
 @ATTACKS.register("negotiation-labels", "the client's classes and the batch's labels from the head rows of "
                                         "per-entry maps sent in the clear (sensitivity vectors, masks, proposals)")
 class NegotiationLabels(Attack):
+    family = "label"
+
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         if knowledge.task != "classification" or not knowledge.head[0]:
             return f"reads classifier-head rows, this scenario is {knowledge.task}"

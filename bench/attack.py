@@ -29,8 +29,17 @@ class Reconstruction:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+FAMILIES = ("label", "image", "text", "membership", "reference")
+
+
 class Attack(Configurable, ABC):
-    """Subclasses set `name`, implement `blocked` and `run`."""
+    """Subclasses implement `blocked` and `run` and declare their `family` (one of FAMILIES).
+
+    The family is what the leaderboard's strongest-attack columns group by: "blocked" counts as
+    protection only when no attack of that family ran. Reference rows (random guessing) are
+    floors to compare against, never an attack's worst case."""
+
+    family: str = ""
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         return None

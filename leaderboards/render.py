@@ -50,9 +50,12 @@ def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
     columns: list[Column] = []
     for att in attacks:
         present = {k for r in records if attack_label(r) == att for k in r["metrics"]}
+        before = len(columns)
         for name, m in schema.items():
             if m.kind == "privacy" and name in present:
                 columns.append(Column(name, att, f"{att} · {name}", m.unit, m.arrow, m.lower_is_better))
+        if len(columns) == before:  # no metric (e.g. every cell failed): a status column keeps its reasons visible
+            columns.append(Column("status", att, f"{att} · status", "", "", None))
     present = {k for r in records for k in r["metrics"]}
     for kind in ("utility", "cost"):
         for name, m in schema.items():
@@ -95,6 +98,8 @@ def _cell(rec: dict[str, Any] | None, col: Column, schema) -> dict[str, Any]:
         return {"text": "", "sort": "", "cls": ""}
     if col.attack and rec["status"] != "ok":
         return {"text": rec["reason"] or rec["status"], "sort": "", "cls": rec["status"]}
+    if col.key == "status":
+        return {"text": rec["status"], "sort": "", "cls": ""}
     value = rec["metrics"].get(col.key)
     text = schema[col.key].format(value)
     sort = value if isinstance(value, (int, float)) else ""
@@ -171,7 +176,9 @@ def write_outputs(store: Store, out_dir: str | Path) -> Path:
             name = f"plots/{file_stem(f'{suite}--figure{i}')}.png"
             if draw(spec, mine, out / name):
                 figures.append({"path": name, "title": spec.get("title", f"{spec['y']} vs {spec['x']}")})
-        suites.append({"name": suite, "tables": tables, "description": info.get("description", ""),
+        failures = [{"label": f"{r['scenario']}/{defense_label(r)}/{attack_label(r)}", "reason": r["reason"]}
+                    for r in mine if r["status"] == "failed"]
+        suites.append({"name": suite, "tables": tables, "failures": failures, "description": info.get("description", ""),
                        "notes": info.get("notes", ""), "figures": figures})
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
                              lstrip_blocks=True)

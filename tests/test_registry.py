@@ -52,3 +52,12 @@ def test_every_registered_defense_and_attack_is_in_the_e2e_grid():
     from tests.test_e2e_grid import GRID_ATTACKS, GRID_DEFENSES
     missing = (set(DEFENSES.names()) - {d for d, _ in GRID_DEFENSES}) | (set(ATTACKS.names()) - {a for a, _ in GRID_ATTACKS})
     assert not missing, f"add these to tests/test_e2e_grid.py: {sorted(missing)}"
+
+
+def test_every_attack_declares_a_family():
+    from bench.attack import FAMILIES
+    from bench.registry import ATTACKS
+
+    missing = {e.name: getattr(e.obj, "family", "") for e in ATTACKS.entries()
+               if getattr(e.obj, "family", "") not in FAMILIES}
+    assert not missing, f"attacks without a family in {FAMILIES}: {missing}"

@@ -1,0 +1,80 @@
+"""Stale results: a rerun after a code change recomputes; --force, --only, --dry-run; failures are shown."""
+import json
+
+import pytest
+
+import bench.version
+from bench.attack import Attack
+from bench.cli import main
+from bench.registry import ATTACKS
+from bench.runner import run_suite
+from bench.store import Store
+from tests.conftest import tiny_suite
+
+
+def _fingerprints(out):
+    store = Store(out / "leakbench.sqlite")
+    try:
+        return {r["attack"]: r["environment"]["fingerprint"] for r in store.records()}
+    finally:
+        store.close()
+
+
+def test_rerun_after_a_code_change_recomputes(tmp_path, monkeypatch):
+    suite = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False})])
+    assert run_suite(suite, tmp_path).ok == 1
+    assert _fingerprints(tmp_path) == {"idlg": bench.version.code_fingerprint()}
+    assert run_suite(suite, tmp_path).skipped == 1
+    monkeypatch.setattr(bench.version, "code_fingerprint", lambda: "0000changedcode")
+    again = run_suite(suite, tmp_path)
+    assert (again.ok, again.skipped, again.stale) == (1, 0, 1)
+    assert _fingerprints(tmp_path) == {"idlg": "0000changedcode"}
+
+
+def test_force_only_and_dry_run(tmp_path, capsys):
+    suite = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False}), "random-guess"])
+    plan = run_suite(suite, tmp_path, dry_run=True)
+    assert [state for _, state in plan.plan] == ["new", "new"]
+    assert not (tmp_path / "leakbench.sqlite").exists() or not Store(tmp_path / "leakbench.sqlite").records()
+    only = run_suite(suite, tmp_path, only="*/random-guess")
+    assert (only.ok, only.skipped) == (1, 0)
+    plan = run_suite(suite, tmp_path, dry_run=True)
+    assert dict(plan.plan) == {"tiny/plaintext/idlg(reconstruct=False)": "new", "tiny/plaintext/random-guess": "done"}
+    forced = run_suite(suite, tmp_path, force=True, only="random-guess")
+    assert (forced.ok, forced.skipped) == (1, 0)
+
+
+def test_cli_dry_run_runs_nothing(tmp_path, capsys):
+    assert main(["run", "smoke", "--out", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "run (new)" in out and "digits-lenet-smoke/plaintext/idlg(steps=10)" in out and "nothing was run" in out
+    assert not (tmp_path / "index.html").exists()
+
+
+class _Broken(Attack):
+    """always raises: a failing cell"""
+    family = "label"
+
+    def run(self, view, knowledge, seed):
+        raise RuntimeError("deliberately broken for the test")
+
+
+@pytest.fixture
+def broken_attack():
+    ATTACKS.add("broken", _Broken)
+    yield "broken"
+    ATTACKS._entries.pop("broken", None)
+
+
+def test_failures_are_on_the_page_and_printed(tmp_path, capsys, broken_attack):
+    suite_file = tmp_path / "s.toml"
+    suite_file.write_text('name = "withfail"\n[[scenarios]]\nname = "tiny"\ndataset = "digits"\nmodel = "mlp"\n'
+                          'num_clients = 2\nclients_per_round = 2\nrounds = 1\nmax_train = 120\nmax_test = 60\n'
+                          '[[defenses]]\nname = "plaintext"\n[[attacks]]\nname = "broken"\n')
+    assert main(["run", str(suite_file), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "failed: tiny/plaintext/broken: RuntimeError: deliberately broken for the test" in err
+    page = (tmp_path / "o" / "index.html").read_text()
+    assert page.count("RuntimeError: deliberately broken for the test") >= 2  # in its table cell and the list
+    rec = json.loads((tmp_path / "o" / "results.json").read_text())[0]
+    assert rec["status"] == "failed"
