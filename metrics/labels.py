@@ -21,7 +21,7 @@ def _counts(ev: Evidence) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 @metric("label_acc", "", True, "privacy",
-        "recovered label multiset overlap / max(B, #recovered): 1 = every label recovered, nothing extra")
+        "recovered label multiset overlap / max(B, #recovered): 1 = every label recovered, nothing extra", display="label acc.")
 def label_acc(ev: Evidence):
     pair = _counts(ev)
     if pair is None:
@@ -30,25 +30,25 @@ def label_acc(ev: Evidence):
     return float(np.minimum(rec, true).sum() / max(true.sum(), rec.sum()))
 
 
-@metric("leacc", "", True, "privacy", "iLRG LeAcc: accuracy of the class-existence vector over all C classes")
+@metric("leacc", "", True, "privacy", "iLRG LeAcc: accuracy of the class-existence vector over all C classes", display="LeAcc")
 def leacc(ev: Evidence):
     pair = _counts(ev)
     return None if pair is None else float(accuracy_score(pair[1] > 0, pair[0] > 0))
 
 
-@metric("lnacc", "", True, "privacy", "iLRG LnAcc: accuracy of the rounded per-class counts over all C classes")
+@metric("lnacc", "", True, "privacy", "iLRG LnAcc: accuracy of the rounded per-class counts over all C classes", display="LnAcc")
 def lnacc(ev: Evidence):
     pair = _counts(ev)
     return None if pair is None else float(accuracy_score(pair[1], pair[0]))
 
 
-@metric("irec", "", True, "privacy", "iLRG IRec: instances recovered, sum_c min(n_hat_c, n_c) / B")
+@metric("irec", "", True, "privacy", "iLRG IRec: instances recovered, sum_c min(n_hat_c, n_c) / B", display="IRec")
 def irec(ev: Evidence):
     pair = _counts(ev)
     return None if pair is None else float(np.minimum(pair[0], pair[1]).sum() / pair[1].sum())
 
 
-@metric("label_f1", "", True, "privacy", "F1 of the recovered class-existence vector (no true-negative inflation)")
+@metric("label_f1", "", True, "privacy", "F1 of the recovered class-existence vector (no true-negative inflation)", display="label F1")
 def label_f1(ev: Evidence):
     pair = _counts(ev)
     return None if pair is None else float(f1_score(pair[1] > 0, pair[0] > 0, zero_division=0.0))

@@ -58,7 +58,7 @@ def _seen(value: torch.Tensor) -> torch.Tensor:
 
 
 @metric("kde_mi", "nats", True, "privacy",
-        "KDE mutual information between the client's full update and what the server sees of it (SHE-LoRA F.3)")
+        "KDE mutual information between the client's full update and what the server sees of it (SHE-LoRA F.3)", display="KDE MI", per_attack=False)
 def kde_mi(ev: Evidence):
     if ev.truth is None or ev.view is None or not getattr(ev.truth, "update", None):
         return None

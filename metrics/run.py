@@ -28,7 +28,7 @@ for _name, _unit, _lower, _kind, _desc, _fmt, _timing in _RUN:
     metric(_name, _unit, _lower, _kind, _desc, fmt=_fmt, per_target=False, timing=_timing)(run_value(_name))
 
 metric("attack_s", "s", None, "cost", "attack wall time per attacked upload", fmt="{:.2f}", per_target=False,
-       timing=True)(run_value("attack_s"))
+       timing=True, display="attack time", per_attack=True)(run_value("attack_s"))
 
 for _name, _desc in (("encrypted_fraction", "fraction of update entries actually encrypted (after union/consensus)"),
                      ("head_weight_encrypted", "fraction of the classifier head's weight entries encrypted"),

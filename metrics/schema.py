@@ -38,10 +38,17 @@ class Metric:
     per_target: bool = True           # averaged over attacked uploads; False: a property of the run
     timing: bool = False              # not reproducible run to run (wall clock, key sizes): excluded from determinism checks
     details: Callable[[Evidence], dict] | None = None   # extra evidence kept in the record (raw scores, CIs)
+    display: str = ""                 # the leaderboard's header (default: the name)
+    per_attack: bool | None = None    # varies with the attack (default: per-target privacy metrics do); False:
+                                      # a property of the run or the view, shown once per defense
 
     @property
     def arrow(self) -> str:
         return "" if self.lower_is_better is None else ("↓" if self.lower_is_better else "↑")
+
+    @property
+    def title(self) -> str:
+        return self.display or self.name
 
     def format(self, value: Any) -> str:
         if value is None:
@@ -53,14 +60,13 @@ class Metric:
 
 def metric(name: str, unit: str, lower_is_better: bool | None, kind: str, description: str, *,
            fmt: str = "{:.3f}", per_target: bool = True, timing: bool = False,
-           details: Callable[[Evidence], dict] | None = None):
+           details: Callable[[Evidence], dict] | None = None, display: str = "", per_attack: bool | None = None):
     """Register a metric function under the schema."""
     assert kind in KINDS, kind
 
     def decorate(fn: Callable[[Evidence], Any]) -> Callable[[Evidence], Any]:
         METRICS.add(name, Metric(name, unit, lower_is_better, kind, description, fn, fmt, per_target, timing,
-                            details),
-                    description)
+                                 details, display, per_attack), description)
         return fn
 
     return decorate

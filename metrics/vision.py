@@ -15,19 +15,19 @@ def _scores(ev: Evidence) -> dict | None:
 
 
 @metric("psnr", "dB", True, "privacy", "PSNR of the matched reconstruction (data range 1), mean over images",
-        fmt="{:.2f}")
+        fmt="{:.2f}", display="PSNR")
 def psnr(ev: Evidence):
     s = _scores(ev)
     return None if s is None else s["psnr"]
 
 
-@metric("ssim", "", True, "privacy", "SSIM (scikit-image, window min(7, H, W)) of the matched reconstruction, mean over images")
+@metric("ssim", "", True, "privacy", "SSIM (scikit-image, window min(7, H, W)) of the matched reconstruction, mean over images", display="SSIM")
 def ssim(ev: Evidence):
     s = _scores(ev)
     return None if s is None else s["ssim"]
 
 
-@metric("lpips", "", False, "privacy", "LPIPS v0.1 AlexNet distance of the matched reconstruction (higher = less similar)")
+@metric("lpips", "", False, "privacy", "LPIPS v0.1 AlexNet distance of the matched reconstruction (higher = less similar)", display="LPIPS")
 def lpips(ev: Evidence):
     s = _scores(ev)
     return None if s is None else s["lpips"]

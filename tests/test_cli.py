@@ -53,4 +53,5 @@ def test_leaderboard_rendering_is_deterministic(tmp_path):
     page = (tmp_path / "index.html").read_text()
     assert main(["leaderboard", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "index.html").read_text() == page
-    assert "plaintext" in page and "idlg(steps=10) · psnr" in page and "↓" in page
+    assert "plaintext" in page and "idlg(steps=10)" in page and "PSNR" in page and "↓" in page
+    assert "strongest attack" in page

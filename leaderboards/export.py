@@ -1,0 +1,73 @@
+"""Exports beside each page, and reading them back.
+
+results.json: one object per cell with its config, environment (package version, code
+fingerprint), status, reason, metrics and details. results.csv: one row per cell with the
+parameters flattened into columns (scenario.*, defense.*, attack.*) and one column per metric.
+pages.json: each suite's page info (notes, figures, paper rows), so a directory re-renders alone.
+`load_frame` reads either file into a pandas DataFrame; `compare` diffs two output directories.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RECORD_KEYS = ("cell_id", "suite", "scenario", "defense", "defense_params", "attack", "attack_params", "status",
+               "reason", "metrics", "details", "config", "environment")
+
+
+def flat(rec: dict[str, Any]) -> dict[str, Any]:
+    """One flat row: identity, status, flattened parameters and scenario config, metrics."""
+    row = {k: rec.get(k) for k in ("cell_id", "suite", "scenario", "defense", "attack", "status", "reason")}
+    for prefix, params in (("defense", rec.get("defense_params", {})), ("attack", rec.get("attack_params", {}))):
+        row.update({f"{prefix}.{k}": v for k, v in sorted(params.items())})
+    scenario = (rec.get("config") or {}).get("scenario", {})
+    row.update({f"scenario.{k}": (json.dumps(v, sort_keys=True) if isinstance(v, dict) else v)
+                for k, v in sorted(scenario.items()) if k != "name"})
+    env = rec.get("environment") or {}
+    row.update({f"env.{k}": env[k] for k in ("leakbench", "fingerprint") if k in env})
+    row.update(rec.get("metrics", {}))
+    return row
+
+
+def write_exports(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out: Path) -> None:
+    import pandas as pd
+
+    slim = [{k: r[k] for k in RECORD_KEYS if k in r} for r in records]
+    (out / "results.json").write_text(json.dumps(slim, indent=1, sort_keys=True, default=str) + "\n")
+    pd.DataFrame([flat(r) for r in slim]).to_csv(out / "results.csv", index=False)
+    (out / "pages.json").write_text(json.dumps(infos, indent=1, sort_keys=True) + "\n")
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no results at {path}; pass an output directory of `leakbench run` or its "
+                                "results.json")
+    return json.loads(path.read_text())
+
+
+def load_frame(path: str | Path):
+    """results.json (or an output directory) as a DataFrame: one row per cell, parameters and metrics as columns."""
+    import pandas as pd
+    return pd.DataFrame([flat(r) for r in load_records(path)])
+
+
+def compare(a: str | Path, b: str | Path) -> list[dict[str, Any]]:
+    """Per-cell metric deltas (b - a) for cells present in both, matched by cell id; status changes too."""
+    left = {r["cell_id"]: r for r in load_records(a)}
+    rows = []
+    for rec in load_records(b):
+        old = left.get(rec["cell_id"])
+        if old is None:
+            continue
+        label = f"{rec['scenario']}/{rec['defense']}/{rec['attack']}"
+        if old["status"] != rec["status"]:
+            rows.append({"cell": label, "metric": "status", "a": old["status"], "b": rec["status"], "delta": None})
+        for key in sorted(set(old["metrics"]) & set(rec["metrics"])):
+            x, y = old["metrics"][key], rec["metrics"][key]
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x != y:
+                rows.append({"cell": label, "metric": key, "a": x, "b": y, "delta": y - x})
+    return rows
