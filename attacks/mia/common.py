@@ -19,6 +19,7 @@ from bench.view import Knowledge, ServerView
 class ModelMIA(Attack):
     """Scores candidates on the final model the server can assemble (`fill` for hidden entries)."""
 
+    family = "membership"
     tasks: tuple[str, ...] = ("classification", "causal-lm")
 
     def __init__(self, fill: str = "last", **params) -> None:

@@ -115,6 +115,8 @@ class MIARMIA(ModelMIA):
 @ATTACKS.register("mia-grad-cosine", "update-based (FedMIA Grad-Cosine): cosine of a candidate's gradient "
                   "with the visible upload")
 class MIAGradCosine(Attack):
+    family = "membership"
+
     def __init__(self, fill: str = "last") -> None:
         if fill not in ("zero", "last"):
             raise ValueError(f"fill '{fill}' must be 'zero' or 'last'")
