@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from bench.registry import KINDS, UnknownName
+from bench.catalog import KIND_NAMES
+from bench.registry import UnknownName
 
 DEFAULT_OUT = "out"
 
@@ -23,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"leakbench {package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="list registered things, one line each")
-    ls.add_argument("kind", choices=sorted(KINDS))
+    ls.add_argument("kind", choices=sorted(KIND_NAMES))
     run = sub.add_parser("run", help="run a suite (built-in name or TOML path) and write the leaderboard")
     run.add_argument("suite")
     run.add_argument("--out", default=DEFAULT_OUT, help="output directory (store, results, leaderboard)")
@@ -45,8 +46,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _list(kind: str) -> int:
-    for entry in KINDS[kind].entries():
-        print(f"{entry.name:24s} {entry.description}")
+    from bench.catalog import lines
+
+    print("\n".join(lines(kind)))
     return 0
 
 
@@ -141,10 +143,6 @@ def _compare(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from bench.datasets import DataError
-    from bench.spec import SpecError
-    from bench.store import StoreError
-
     try:
         if args.command == "list":
             return _list(args.kind)
@@ -155,9 +153,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             return _compare(args)
         return _leaderboard(args)
-    except (SpecError, StoreError, DataError, UnknownName, FileNotFoundError, ValueError) as err:
+    except Exception as err:
+        if not isinstance(err, _user_errors()):
+            raise
         print(f"leakbench: error: {err}", file=sys.stderr)
         return 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Bad input, reported in one line with exit status 2 (imported late: `list` must not load torch)."""
+    from bench.datasets import DataError
+    from bench.spec import SpecError
+    from bench.store import StoreError
+
+    return (SpecError, StoreError, DataError, UnknownName, FileNotFoundError, ValueError)
 
 
 if __name__ == "__main__":

@@ -152,15 +152,15 @@ def _run_metrics(run_values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def federate(cell: Cell, data_root: str | None):
-    """The federated run shared by every cell of the cell's group."""
+def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] | None = None):
+    """The federated run shared by every cell of the cell's group; on_round hears "round r/R" as they finish."""
     from bench.datasets import load_dataset, resolve_data_root
     from bench.federation import run_federation
 
     sc = cell.scenario
     data = load_dataset(sc.dataset, resolve_data_root(data_root), max_train=sc.max_train, max_test=sc.max_test,
                         seed=sc.seed, seq_len=sc.seq_len)
-    return run_federation(sc, data, DEFENSES.get(cell.defense.name)(**cell.defense.params))
+    return run_federation(sc, data, DEFENSES.get(cell.defense.name)(**cell.defense.params), progress=on_round)
 
 
 def preflight(suite: Suite, data_root: str | None) -> None:
@@ -199,20 +199,22 @@ def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
     return _record(cell, "failed", one_line(err), _run_metrics(dict(run.metrics)) if run else {})
 
 
-def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = None) -> Iterator[dict[str, Any]]:
+def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = None,
+              on_round: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
     """Federate once for the group's scenario and defense, then score each attack cell.
 
     Every record carries the federated run's id in its environment (stored, kept out of the rendered
     results so they stay deterministic), so a group's rows can be seen to share one run."""
     run_id = run_id or new_run_id()
-    for record in _group_records(cells, data_root):
+    for record in _group_records(cells, data_root, on_round):
         record["environment"] = {**record["environment"], "run_id": run_id}
         yield record
 
 
-def _group_records(cells: list[Cell], data_root: str | None) -> Iterator[dict[str, Any]]:
+def _group_records(cells: list[Cell], data_root: str | None,
+                   on_round: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
     try:
-        run = federate(cells[0], data_root)
+        run = federate(cells[0], data_root, on_round)
     except Exception as err:  # recorded per cell and reported by the exit status, never hidden
         for cell in cells:
             yield failed(cell, err)
@@ -235,7 +237,8 @@ Outcome = tuple[str, str, str]   # (status, cell label, one-line reason)
 
 
 def _claimed_group(cells: list[Cell], data_root: str | None, store: Store, claims: Claims, fingerprint: str,
-                   force: bool, on_record: Callable[[str, str, str], None] | None = None) -> list[Outcome] | None:
+                   force: bool, on_record: Callable[[str, str, str], None] | None = None,
+                   on_round: Callable[[str], None] | None = None) -> list[Outcome] | None:
     """Claim the group, compute all of its cells in one federated run and store them; None if another
     run holds it. A group finished by another run meanwhile (and not forced) is reported as skipped."""
     grp = group_id(cells)
@@ -245,7 +248,7 @@ def _claimed_group(cells: list[Cell], data_root: str | None, store: Store, claim
         if not force and all(store.finished(c.cell_id, fingerprint) for c in cells):
             return [("skipped", c.label, "") for c in cells]
         outcomes = []
-        for cell, record in zip(cells, run_group(cells, data_root)):
+        for cell, record in zip(cells, run_group(cells, data_root, on_round=on_round)):
             store.put(record)
             claims.beat(grp)
             outcomes.append((record["status"], cell.label, record["reason"]))
@@ -307,7 +310,11 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
             busy = []
             if workers <= 1:
                 for cells in pending:
-                    done = _claimed_group(cells, data_root, store, claims, fingerprint, force, on_record=tally)
+                    where = f"{cells[0].scenario.name}/{cells[0].defense.label}"
+                    on_round = (lambda msg, where=where: bar.set_postfix_str(f"{where} {msg}", refresh=True)) \
+                        if bar else None
+                    done = _claimed_group(cells, data_root, store, claims, fingerprint, force, on_record=tally,
+                                          on_round=on_round)
                     if done is None:
                         busy.append(cells)
                     elif done[0][0] == "skipped":

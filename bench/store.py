@@ -75,6 +75,12 @@ class Store:
             for pos, cid in enumerate(cell_ids):
                 self._db.execute("INSERT OR REPLACE INTO membership VALUES (?, ?, ?)", (suite, cid, pos))
 
+    def set_info(self, suite: str, info: dict[str, Any]) -> None:
+        """The suite's page info alone (cells run one at a time keep their membership)."""
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                             (f"suite:{suite}", json.dumps(info, sort_keys=True)))
+
     def add_member(self, suite: str, cell_id: str) -> None:
         """Append one cell to a suite (cells run one at a time, e.g. from pytest)."""
         with self._tx():

@@ -3,6 +3,5 @@
 
 def test_cell(leakbench_cell, leakbench_runner, benchmark):
     record = benchmark.pedantic(leakbench_runner.run_cell, args=(leakbench_cell,), rounds=1, iterations=1)
-    benchmark.extra_info.update({"cell_id": record["cell_id"], "status": record["status"],
-                                 **{k: v for k, v in record["metrics"].items() if isinstance(v, (int, float))}})
+    benchmark.extra_info.update(leakbench_runner.extra_info(leakbench_cell, record))
     assert record["status"] in ("ok", "blocked"), record["reason"]
