@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+VOLATILE_ENV = ("run_id",)   # which federated run computed a cell: in the store, kept out of exports so they repeat
 RECORD_KEYS = ("cell_id", "suite", "scenario", "defense", "defense_params", "attack", "attack_params", "status",
                "reason", "metrics", "details", "config", "environment")
 
@@ -34,6 +35,9 @@ def write_exports(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]
     import pandas as pd
 
     slim = [{k: r[k] for k in RECORD_KEYS if k in r} for r in records]
+    for rec in slim:
+        if rec.get("environment"):
+            rec["environment"] = {k: v for k, v in rec["environment"].items() if k not in VOLATILE_ENV}
     (out / "results.json").write_text(json.dumps(slim, indent=1, sort_keys=True, default=str) + "\n")
     pd.DataFrame([flat(r) for r in slim]).to_csv(out / "results.csv", index=False)
     (out / "pages.json").write_text(json.dumps(infos, indent=1, sort_keys=True) + "\n")
