@@ -35,17 +35,30 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            version = self._check()   # before any write: a foreign file must stay untouched
+            self._create()
             self._db.execute("PRAGMA journal_mode=WAL")
-            if version is None:
-                self._db.executescript(_SCHEMA)
-                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
         except sqlite3.DatabaseError as err:
             if getattr(self, "_db", None) is not None:
                 self._db.close()   # a WAL store's -wal/-shm files go with the last connection
             reason = " ".join(str(err).split())[:200]   # one line, even for multi-line integrity reports
             raise StoreError(f"results store '{self.path}' is corrupted or not a LeakBench store ({reason}); "
                              "move it aside or pass another --out (it was left untouched)") from None
+
+    def _create(self) -> None:
+        """Check, and create the tables of a new store, in one locked transaction: a concurrent run
+        opening the same new file waits instead of seeing half a schema; a foreign file is checked
+        before anything is written, and the rollback leaves it untouched."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if self._check() is None:
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    self._db.execute(statement)
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
 
     def _check(self) -> str | None:
         tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
