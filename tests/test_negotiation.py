@@ -48,10 +48,10 @@ def test_page_lists_what_no_attack_read():
     from leaderboards.render import clear_not_attacked
 
     def rec(defense, items):
-        return {"defense": defense, "defense_params": {}, "details": {"sent_in_clear": items}}
+        return {"scenario": "s", "defense": defense, "defense_params": {}, "details": {"sent_in_clear": items}}
     vector = {"key": "sent/-1/sensitivity vector", "bytes": 40, "layout": "entries:f4"}
     mask = {"key": "mask", "bytes": 5, "layout": "entries:bits", "attacked": False}
     records = [rec("sensecrypt", [vector | {"attacked": True}, mask]), rec("sensecrypt", [vector | {"attacked": False},
                                                                                         mask]),
-               {"defense": "plaintext", "defense_params": {}, "details": {}}]
+               {"scenario": "s", "defense": "plaintext", "defense_params": {}, "details": {}}]
     assert clear_not_attacked(records) == {"sensecrypt": ["mask (5 B)"]}
