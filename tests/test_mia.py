@@ -206,3 +206,39 @@ def test_lm_attack_direction_on_separable_data(lm_case, name, params):
     scores = attack.run(view, knowledge, seed=0).scores
     assert mm.auroc(scores, labels) > 0.9
     assert mm.auroc(scores, 1 - labels) < 0.1
+
+
+# ----------------------------------------------------------------------------- through the runner
+
+def _mia_suite(defenses, attacks):
+    from tests.conftest import tiny_suite
+    return tiny_suite(defenses, attacks, max_train=200, max_test=300, mia_size=100, mia_aux=150, rounds=2,
+                      local_epochs=5, attack_update="delta", attack_batch_size=100, attack_round=1)
+
+
+def test_same_seed_gives_identical_scores_and_shadow_time_is_reported():
+    from attacks.mia import common
+    from bench.runner import run_group
+    suite = _mia_suite(["plaintext"], ["mia-loss", ("mia-lira", {"shadows": 2}), "mia-grad-cosine"])
+    first = list(run_group(list(suite.cells), None))
+    common._SHADOWS.clear()   # retrain the shadows: determinism must not come from the cache
+    second = list(run_group(list(suite.cells), None))
+    for a, b in zip(first, second):
+        assert a["status"] == b["status"] == "ok", a["reason"]
+        assert a["details"]["scores"] == b["details"]["scores"]
+        assert a["details"]["labels"] == b["details"]["labels"]
+        assert a["details"]["n_members"] == a["details"]["n_nonmembers"] == 100
+        assert a["metrics"]["attack_s"] > 0
+    assert first[1]["details"]["attack_details"]["shadow_train_s"] > 0
+
+
+def test_full_he_blocks_model_attacks_and_base_is_chance():
+    from bench.runner import run_group
+    suite = _mia_suite(["fedhe-full", "base"], ["mia-loss", "mia-grad-cosine"])
+    records = {(r["defense"], r["attack"]): r for cells in ([suite.cells[0], suite.cells[1]],
+                                                              [suite.cells[2], suite.cells[3]])
+               for r in run_group(cells, None)}
+    assert "knows no entry of the final model" in records["fedhe-full", "mia-loss"]["reason"]
+    assert records["fedhe-full", "mia-grad-cosine"]["status"] == "blocked"
+    assert records["base", "mia-grad-cosine"]["status"] == "blocked"
+    assert abs(records["base", "mia-loss"]["metrics"]["mia_auroc"] - 0.5) < 0.15

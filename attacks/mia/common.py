@@ -5,6 +5,7 @@ each attack's docstring states its native sign and the conversion.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 
 import numpy as np
@@ -75,11 +76,40 @@ def train_shadow(knowledge: Knowledge, x: torch.Tensor, y: torch.Tensor, seed: i
     return model.eval()
 
 
+_SHADOWS: dict[str, tuple] = {}   # attacker-side reuse: the same knowledge and recipe give the same shadows
+
+
+def _shadow_key(knowledge: Knowledge, k: int, seed: int, pool: np.ndarray) -> str:
+    """Everything shadow training depends on: architecture, initial model, auxiliary data, recipe, K, seed."""
+    mk = knowledge.membership
+    h = hashlib.sha256(repr((knowledge.model_name, sorted(knowledge.model_params.items()), sorted(mk.recipe.items()),
+                             k, seed)).encode())
+    for name in sorted(mk.initial):
+        h.update(name.encode())
+        h.update(mk.initial[name].detach().cpu().numpy().tobytes())
+    for t in (mk.aux_x, mk.aux_y, torch.from_numpy(pool)):
+        h.update(t.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 def shadow_models(knowledge: Knowledge, k: int, seed: int, pool: np.ndarray | None = None):
     """K shadows, each on a seeded random half of the auxiliary pool (LiRA's 50% sampling).
-    Returns the models, their training masks over the pool, and the training seconds."""
+    Returns the models, their training masks over the pool, and the seconds their training took.
+    Shadows depend only on what the attacker knows, so cells of one suite run that share that
+    knowledge (every defense of a scenario starts from the same model) reuse them; the seconds
+    reported are those of the one training."""
     mk = knowledge.membership
     pool = np.arange(len(mk.aux_y)) if pool is None else pool
+    key = _shadow_key(knowledge, k, seed, pool)
+    if key not in _SHADOWS:
+        while len(_SHADOWS) >= 4:   # a few sets: a suite runs a scenario's groups one after another
+            _SHADOWS.pop(next(iter(_SHADOWS)))
+        _SHADOWS[key] = _train_shadows(knowledge, k, seed, pool)
+    return _SHADOWS[key]
+
+
+def _train_shadows(knowledge: Knowledge, k: int, seed: int, pool: np.ndarray):
+    mk = knowledge.membership
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
     models, masks = [], []
