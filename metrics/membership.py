@@ -11,7 +11,8 @@ before it hands scores over. Definitions:
 - TPR@0.1%FPR only with >= 1000 non-members: with fewer it collapses to TPR@0%FPR,
   so it is recorded as unavailable with that reason.
 
-NaN scores are dropped and counted (n_dropped), never silently imputed. The raw scores
+NaN scores are dropped and counted (n_dropped), never silently imputed; +-inf keep their rank.
+When no member/non-member pair is left (a diverged model), the metrics are recorded as unavailable. The raw scores
 and membership labels go into the record's details so the page can draw ROC curves.
 """
 from __future__ import annotations
@@ -31,13 +32,24 @@ def _clean(scores, labels) -> tuple[np.ndarray, np.ndarray, int]:
     y = np.asarray(labels, dtype=np.int64).reshape(-1)
     if s.shape != y.shape:
         raise ValueError(f"{s.size} membership scores for {y.size} labels")
-    keep = np.isfinite(s)
-    return s[keep], y[keep], int((~keep).sum())
+    keep = ~np.isnan(s)
+    s, y = s[keep], y[keep]
+    finite = s[np.isfinite(s)]   # +-inf are valid extreme ranks (e.g. -inf for an infinite loss): keep the order
+    hi, lo = (finite.max() + 1.0, finite.min() - 1.0) if finite.size else (1.0, -1.0)
+    return np.nan_to_num(s, posinf=hi, neginf=lo), y, int((~keep).sum())
 
 
 def _both_classes(y: np.ndarray) -> None:
-    if y.min(initial=1) == y.max(initial=0):
-        raise ValueError("membership metrics need at least one member and one non-member with a finite score")
+    if not (y == 1).any() or not (y == 0).any():
+        raise ValueError("membership metrics need at least one member and one non-member with a non-NaN score")
+
+
+def _unscorable(labels: np.ndarray, scores: np.ndarray) -> str | None:
+    """Why no ROC metric exists (every member's or non-member's score is NaN, e.g. a diverged model)."""
+    _, y, dropped = _clean(scores, labels)
+    if (y == 1).any() and (y == 0).any():
+        return None
+    return f"unavailable: {dropped} of {len(labels)} scores are NaN, leaving no member/non-member pair to rank"
 
 
 def auroc(scores, labels) -> float:
@@ -100,8 +112,8 @@ def membership_details(ev: Evidence) -> dict:
         return {}
     scores, labels = pair
     s, y, dropped = _clean(scores, labels)
-    lo, hi = bootstrap_auroc(s, y)
-    return {"scores": [float(v) for v in scores], "labels": [int(v) for v in labels],
+    lo, hi = bootstrap_auroc(s, y) if _unscorable(labels, scores) is None else (float("nan"), float("nan"))
+    return {"scores": [float(v) if np.isfinite(v) else str(v) for v in scores], "labels": [int(v) for v in labels],
             "n_members": int(y.sum()), "n_nonmembers": int(len(y) - y.sum()), "n_dropped": dropped,
             "mia_auroc_ci95": [lo, hi]}
 
@@ -109,7 +121,9 @@ def membership_details(ev: Evidence) -> dict:
 def _scored(fn):
     def compute(ev: Evidence):
         pair = _evidence(ev)
-        return None if pair is None else fn(*pair)
+        if pair is None:
+            return None
+        return _unscorable(pair[1], pair[0]) or fn(*pair)
     return compute
 
 
@@ -131,6 +145,8 @@ def tpr_at_0_1(ev: Evidence):
     pair = _evidence(ev)
     if pair is None:
         return None
+    if _unscorable(pair[1], pair[0]):
+        return _unscorable(pair[1], pair[0])
     s, y, _ = _clean(*pair)
     n_non = int(len(y) - y.sum())
     if n_non < MIN_NONMEMBERS_FOR_0_1:

@@ -242,3 +242,13 @@ def test_full_he_blocks_model_attacks_and_base_is_chance():
     assert records["fedhe-full", "mia-grad-cosine"]["status"] == "blocked"
     assert records["base", "mia-grad-cosine"]["status"] == "blocked"
     assert abs(records["base", "mia-loss"]["metrics"]["mia_auroc"] - 0.5) < 0.15
+
+
+def test_infinite_scores_keep_their_rank_and_all_nan_is_unavailable():
+    labels = np.array([1, 1, 0, 0])
+    assert mm.auroc(np.array([0.0, 1.0, -np.inf, -2.0]), labels) == pytest.approx(1.0)
+    truth = type("T", (), {"member": labels})()
+    ev = Evidence(Reconstruction(scores=np.full(4, np.nan)), truth)
+    from bench.registry import METRICS
+    assert METRICS.get("mia_auroc").compute(ev).startswith("unavailable: 4 of 4 scores are NaN")
+    assert mm.tpr_at_0_1(ev).startswith("unavailable")
