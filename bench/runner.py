@@ -56,12 +56,16 @@ def environment() -> dict[str, Any]:
 
 
 def selected(cell: Cell, pattern: str | None) -> bool:
-    """--only: a glob over the cell label scenario/defense/attack, or a substring of it."""
+    """--only: a glob over the cell label scenario/defense/attack, or a substring of it.
+
+    The label is tried with its parameters ("s/dp-fedavg(clip=1.0)/idlg(steps=100)") and with
+    names only ("s/dp-fedavg/idlg"), so "*/idlg" selects iDLG whatever its parameters."""
     if not pattern:
         return True
+    labels = (cell.label, f"{cell.scenario.name}/{cell.defense.name}/{cell.attack.name}")
     if any(ch in pattern for ch in "*?["):
-        return fnmatch.fnmatchcase(cell.label, pattern)
-    return pattern in cell.label
+        return any(fnmatch.fnmatchcase(label, pattern) for label in labels)
+    return any(pattern in label for label in labels)
 
 
 def one_line(err: BaseException) -> str:

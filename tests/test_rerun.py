@@ -45,6 +45,14 @@ def test_force_only_and_dry_run(tmp_path, capsys):
     assert (forced.ok, forced.skipped) == (1, 0)
 
 
+def test_only_glob_matches_names_without_parameters(tmp_path, capsys):
+    suite = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False}), "random-guess"])
+    plan = run_suite(suite, tmp_path, dry_run=True, only="*/idlg")
+    assert [label for label, _ in plan.plan] == ["tiny/plaintext/idlg(reconstruct=False)"]
+    plan = run_suite(suite, tmp_path, dry_run=True, only="*/idlg(reconstruct=True)")
+    assert not plan.plan
+
+
 def test_cli_dry_run_runs_nothing(tmp_path, capsys):
     assert main(["run", "smoke", "--out", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
