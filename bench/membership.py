@@ -4,7 +4,10 @@ Threat model (README): the attacker is the aggregation server.
 - Members are the federation's training data (scenario `mia_members = "all"`) or only the
   attacked client's (`"client"`); `mia_size` of them are drawn, seeded.
 - Non-members are as many held-out test samples of the same distribution, which no client
-  trained on. The auxiliary data (`mia_aux` samples, for shadow and reference models, population
+  trained on. Token sequences are matched on length (each member gets a held-out sequence of its
+  own token count, the nearest count when those run out): a split whose test side differs in
+  length (SST-2's train phrases vs its dev sentences) would otherwise hand every attack, even on
+  an untrained model, a signal that has nothing to do with training. The auxiliary data (`mia_aux` samples, for shadow and reference models, population
   samples and prefixes) is drawn from the rest of the test split, disjoint from both.
 - Candidates are members and non-members shuffled together; the attacker gets them without
   labels. The labels stay in the ground truth.
@@ -70,6 +73,17 @@ def load(knowledge, params: dict[str, torch.Tensor]) -> torch.nn.Module:
     return model.eval()
 
 
+def _length_matched(member_len: np.ndarray, pool_len: np.ndarray) -> np.ndarray:
+    """Positions in the (already shuffled) pool: per member, the first unused one of its length, else the nearest."""
+    free = np.ones(len(pool_len), bool)
+    out = np.empty(len(member_len), np.int64)
+    for i, length in enumerate(member_len):
+        gap = np.where(free, np.abs(pool_len - length), np.iinfo(np.int64).max)
+        out[i] = int(np.argmin(gap))   # first position among the nearest lengths
+        free[out[i]] = False
+    return out
+
+
 def select(fed, known: dict[str, torch.Tensor], last: dict[str, torch.Tensor],
            initial: dict[str, torch.Tensor]) -> tuple[MembershipKnowledge, np.ndarray] | None:
     """Draw candidates and auxiliary data for the finished run; None when the scenario has no MIA."""
@@ -88,6 +102,11 @@ def select(fed, known: dict[str, torch.Tensor], last: dict[str, torch.Tensor],
                          "mia_aux or raise max_test")
     members = rng.choice(len(my), size=n, replace=False)
     held = rng.permutation(len(test_y))
+    pad = getattr(fed.data, "pad_id", None)
+    if pad is not None and not mx.is_floating_point():
+        non = _length_matched((mx[members] != pad).sum(1).numpy(), (test_x[held] != pad).sum(1).numpy())
+        non = held[non]
+        held = np.r_[non, held[~np.isin(held, non)]]   # the rest keeps its shuffled order
     non, aux = held[:n], held[n:n + sc.mia_aux]
     cx = torch.cat([mx[members], test_x[non]])
     cy = torch.cat([my[members], test_y[non]])

@@ -252,3 +252,48 @@ def test_infinite_scores_keep_their_rank_and_all_nan_is_unavailable():
     from bench.registry import METRICS
     assert METRICS.get("mia_auroc").compute(ev).startswith("unavailable: 4 of 4 scores are NaN")
     assert mm.tpr_at_0_1(ev).startswith("unavailable")
+
+
+# ----------------------------------------------------------------------------- candidate pools
+
+def test_length_matching_pairs_each_member_with_a_held_out_sequence_of_its_length():
+    from bench.membership import _length_matched
+    rng = np.random.default_rng(0)
+    members = rng.integers(2, 9, size=200)               # short, like SST-2's training phrases
+    pool = rng.permutation(np.r_[rng.integers(2, 9, size=600), np.full(1400, 16)])   # mostly long, like its dev sentences
+    chosen = _length_matched(members, pool)
+    assert len(set(chosen)) == len(chosen)
+    assert np.array_equal(np.sort(pool[chosen]), np.sort(members))
+    assert mm.auroc(np.r_[members, pool[:200]].astype(float), np.r_[np.ones(200), np.zeros(200)]) < 0.2
+
+
+def _nuisance_scores(x: torch.Tensor, pad) -> dict[str, np.ndarray]:
+    """Scores that read only the record, not any model: an attack on the untrained model could pick them up."""
+    import zlib
+    if pad is not None:
+        rows = [[int(t) for t in row if int(t) != pad] for row in x]
+        return {"length": np.array([len(r) for r in rows], float),
+                "zlib": np.array([len(zlib.compress(np.asarray(r, np.int32).tobytes())) for r in rows], float)}
+    pixels = (x.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+    return {"brightness": x.flatten(1).mean(1).numpy(), "contrast": x.flatten(1).std(1).numpy(),
+            "zlib": np.array([len(zlib.compress(p.tobytes())) for p in pixels], float)}
+
+
+@pytest.mark.parametrize("scenario", ["rt-polarity-gpt2-lora", "cifar10-mlp-overfit"])
+def test_mia_suite_pools_carry_no_signal_without_a_model(data_root, scenario):
+    """Members and non-members of the committed suite must not differ in length, compressibility or
+    brightness: such a difference puts every attack on the base row away from chance."""
+    from bench import membership
+    from bench.datasets import load_dataset
+    from bench.federation import build_federation
+    from bench.spec import load_suite
+    sc = next(s for s in load_suite("mia").scenarios if s.name == scenario)
+    data = load_dataset(sc.dataset, data_root, max_train=sc.max_train, max_test=sc.max_test, seed=sc.seed,
+                        seq_len=sc.seq_len)
+    fed = build_federation(sc, data)
+    params = fed.params()
+    known = {n: torch.ones(s, dtype=torch.bool) for n, s in fed.shapes.items()}
+    mk, labels = membership.select(fed, known, params, params)
+    assert labels.sum() == sc.mia_size and len(labels) == 2 * sc.mia_size
+    for name, score in _nuisance_scores(mk.candidates_x, getattr(data, "pad_id", None)).items():
+        assert abs(mm.auroc(score, labels) - 0.5) <= 0.05, f"{scenario}: a {name}-only score separates the pools"
