@@ -1,9 +1,9 @@
 """DAGER (Petrov et al., NeurIPS 2024): exact text recovery from transformer gradients.
 
 The gradient of the first layers' attention input projections has its rows in the span of
-the layer inputs. The attack estimates that span's rank (numpy's matrix_rank rule with
-`rank_tol`, the maximum over the first ten layers, capped at width - `rank_cutoff`, plus
-`fedavg_extra_rank` for a multi-step delta as the official code adds 60), keeps every
+the layer inputs. The attack estimates that span's rank (singular values above `rank_tol`,
+default sigma_max * 10 * eps: attacks/dager_span.py says why not numpy's rule; the maximum
+over the first ten layers, capped at width - `rank_cutoff`, plus `fedavg_extra_rank` for a multi-step delta as the official code adds 60), keeps every
 vocabulary token whose layer-1 input lies within `l1_span_thresh` of the layer-1 span at
 each position, then assembles sentences at layer 2 (attacks/dager_search.py). The output
 is B sentences, exact ones first. Defaults are the official ones (l1 1e-5, l2 1e-3,

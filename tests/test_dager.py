@@ -24,6 +24,21 @@ def _run(suite, root):
     return [r for cell in suite.cells for r in run_group([cell], root)]
 
 
+def test_rank_keeps_a_weak_input_direction_above_the_float32_floor():
+    """A float32 gradient whose weakest input direction is 1e-4 of the strongest (as at d = 768, B = 8):
+    numpy's matrix_rank rule (2.7e-4 relative for 2304 x 768) drops it, the default keeps it."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.linalg.qr(torch.randn(768, 96, generator=gen, dtype=torch.float64))[0].T   # 96 orthonormal inputs
+    scale = torch.logspace(0, -4, 96, dtype=torch.float64)
+    grad = (torch.randn(2304, 96, generator=gen, dtype=torch.float64)
+            @ torch.linalg.qr(torch.randn(96, 96, generator=gen, dtype=torch.float64))[0] * scale) @ x
+    grad = grad.float()
+    singular, _ = spectrum(grad)
+    numpy_tol = float(singular[0]) * max(grad.shape) * torch.finfo(torch.float32).eps
+    assert rank_of(singular, tuple(grad.shape), numpy_tol) < 96
+    assert rank_of(singular, tuple(grad.shape), None) == 96
+
+
 def test_span_distance_separates_members_from_random_vectors():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(10, 64, generator=gen)
