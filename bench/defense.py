@@ -49,6 +49,9 @@ class Defense(Configurable):
     # (sum / W of clipped updates) relies on when it wraps this defense. Defenses whose aggregate is
     # anything else (per-cluster models, means over who sent an entry, carried-over residuals) say False.
     decodes_weighted_sum: ClassVar[bool] = True
+    # True when an upload carries the client's trained weights (e.g. LoRA factors) instead of its update;
+    # an attack then knows to subtract the global weights it sent (Knowledge.gradient)
+    uploads_weights: ClassVar[bool] = False
 
     # -- hooks ---------------------------------------------------------------------------------
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -84,6 +87,15 @@ class Defense(Configurable):
     def run_metrics(self, fed) -> dict[str, Any]:
         """Measured, defense-specific metrics of the run (fractions, epsilon, ...)."""
         return {}
+
+    # -- budget matching (bench/budget.py) -------------------------------------------------------
+    def cipher_target(self) -> tuple[str, float] | None:
+        """(reference defense label, bytes ratio) when this defense's encrypted amount is matched."""
+        return None
+
+    def match_cipher_bytes(self, nbytes: float) -> None:
+        """Before setup: encrypt as much as makes an upload's ciphertexts come to about `nbytes`."""
+        raise ValueError(f"defense '{type(self).__name__}' has no encrypted amount to match to a byte budget")
 
 
 # ----------------------------------------------------------------------- wire arithmetic

@@ -158,13 +158,16 @@ def _run_metrics(run_values: dict[str, Any]) -> dict[str, Any]:
 
 def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] | None = None):
     """The federated run shared by every cell of the cell's group; on_round hears "round r/R" as they finish."""
+    from bench.budget import apply_budget
     from bench.datasets import load_dataset, resolve_data_root
     from bench.federation import run_federation
 
     sc = cell.scenario
     data = load_dataset(sc.dataset, resolve_data_root(data_root), max_train=sc.max_train, max_test=sc.max_test,
                         seed=sc.seed, seq_len=sc.seq_len)
-    return run_federation(sc, data, DEFENSES.get(cell.defense.name)(**cell.defense.params), progress=on_round)
+    defense = DEFENSES.get(cell.defense.name)(**cell.defense.params)
+    apply_budget(defense, sc, data_root)
+    return run_federation(sc, data, defense, progress=on_round)
 
 
 def preflight(suite: Suite, data_root: str | None) -> None:

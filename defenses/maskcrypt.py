@@ -13,12 +13,20 @@ Differences from Plato, stated: updates are deltas (not full weights), and propo
 upload happen in the same round (Plato alternates rounds, halving training rounds); the
 proposal traffic is counted in that round. Default rho: 0.05 for MNIST-size inputs,
 0.10 for 3-channel (CIFAR/ResNet) inputs, as in Plato's configs.
+
+Budget matching (`match_bytes`, `bytes_ratio`; bench/budget.py): rho is set so the packed vector
+fills the whole ciphertexts that cost the target bytes (bytes per ciphertext measured on a real
+encryption with this run's key), and the union is capped at that many entries, so the upload's
+ciphertext bytes equal the target to within one ciphertext's rounding; a target above the cost
+of encrypting every entry encrypts every entry.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from bench.budget import check_target
+from bench.crypto import open_encryptor
 from bench.defense import Defense, hybrid_payload
 from bench.keys import TOPOLOGIES, provision
 from bench.registry import DEFENSES
@@ -39,19 +47,39 @@ def round_robin_union(proposals: list[np.ndarray]) -> np.ndarray:
 class MaskCrypt(Defense):
     key_topology = "shared-client-key"
 
-    def __init__(self, rho: float | None = None, random_mask: bool = False, keys: str = "shared-client-key") -> None:
+    def __init__(self, rho: float | None = None, random_mask: bool = False, keys: str = "shared-client-key",
+                 match_bytes: str | None = None, bytes_ratio: float = 1.0) -> None:
         if rho is not None and not 0.0 < rho <= 1.0:
             raise ValueError(f"rho must be in (0, 1], got {rho}")
         if keys not in TOPOLOGIES:
             raise ValueError(f"keys '{keys}' must be one of {', '.join(TOPOLOGIES)}")
-        super().__init__(rho=rho, random_mask=random_mask, keys=keys)
+        check_target(match_bytes, bytes_ratio)
+        if match_bytes is not None and rho is not None:
+            raise ValueError("give rho or match_bytes, not both: a matched budget sets rho")
+        super().__init__(rho=rho, random_mask=random_mask, keys=keys, match_bytes=match_bytes,
+                         bytes_ratio=bytes_ratio)
         self.rho, self.random_mask, self.key_topology = rho, random_mask, keys
+        self.target_bytes: float | None = None
+        self.matched_cap: int | None = None
+
+    def cipher_target(self) -> tuple[str, float] | None:
+        match = self.params.get("match_bytes")
+        return None if match is None else (match, float(self.params.get("bytes_ratio", 1.0)))
+
+    def match_cipher_bytes(self, nbytes: float) -> None:
+        self.target_bytes = float(nbytes)
 
     def setup(self, fed) -> None:
         self.key = provision(fed, self.key_topology)
+        self.sizes = [int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1 for n in fed.names]
+        if self.target_bytes is not None:
+            enc = open_encryptor(self.key.public_only(), "a client")
+            self.per_ciphertext = len(enc.encrypt(np.zeros(enc.values_per_blob))[0])
+            count = max(1, int(round(self.target_bytes / self.per_ciphertext)))
+            self.matched_cap = min(sum(self.sizes), count * enc.values_per_blob)
+            self.rho = self.matched_cap / sum(self.sizes)
         if self.rho is None:
             self.rho = 0.10 if fed.data.input_shape[0] == 3 else 0.05
-        self.sizes = [int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1 for n in fed.names]
 
     def _flat(self, tensors: dict[str, torch.Tensor], names) -> np.ndarray:
         return np.concatenate([tensors[n].detach().reshape(-1).double().numpy() for n in names])
@@ -86,8 +114,8 @@ class MaskCrypt(Defense):
         return proposal
 
     def _limit(self, union: np.ndarray) -> np.ndarray:
-        """Plato keeps the whole ordered union; variants may cap it."""
-        return union
+        """Plato keeps the whole ordered union; a matched budget caps it at the entries it pays for."""
+        return union if self.matched_cap is None else union[: self.matched_cap]
 
     def _set_consensus(self, fed, clients: list, union: np.ndarray) -> None:
         self.indices = union.astype("<i4").tobytes()
@@ -108,4 +136,7 @@ class MaskCrypt(Defense):
                        layouts={"indices": "entries:i4"})
 
     def run_metrics(self, fed) -> dict:
-        return {"he_params": dict(self.key.params)}
+        out = {"he_params": dict(self.key.params)}
+        if self.target_bytes is not None:
+            out["target_cipher_bytes"] = self.target_bytes
+        return out
