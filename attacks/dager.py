@@ -157,11 +157,10 @@ class Dager(Attack):
                 grad, visible = grad.T, visible.T
             transform = None
             if proj.lora_a is not None:
-                a_grad = knowledge.gradient(view, proj.lora_a)
-                a_vis = view.visible[proj.lora_a]
-                if bool(a_vis.all()) and float(a_grad.abs().max()) > 0:   # B != 0: grad A spans the inputs
-                    grad, visible = a_grad, a_vis
-                else:                                                    # B == 0: grad B spans {A x}
+                a_visible = view.visible[proj.lora_a]
+                if bool(a_visible.all()) and float(state[proj.grad_name].abs().max()) > 0:
+                    grad, visible = knowledge.gradient(view, proj.lora_a), a_visible   # grad A spans the inputs
+                else:                                  # B = 0: grad A vanishes, grad B spans {A x}
                     transform = state[proj.lora_a].detach().float().to(self.device)
             block, coords = visible_block(grad, visible)
             blocks.append((block, coords, transform))

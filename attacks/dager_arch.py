@@ -3,10 +3,12 @@
 Two layouts are known, found by module type rather than by parameter-index lists:
 GPT-2 (the fused attention input projection `attn.c_attn`, input ln_1(wte[t] + wpe[p]))
 and BERT (`attention.self.query`, input LayerNorm(word[t] + type[0] + pos[p])). With
-LoRA on the projection the gradient of A (r x d) has rows in the span of the inputs
-whenever B != 0; at B = 0 (the LoRA init, so every first round) grad A is zero and we
-read grad B (d_out x r), whose rows lie in the span of {A x_t}: candidates are then
-mapped through the known A. Either way the span test needs r > the number of tokens.
+LoRA on the projection the gradient of A (r x d) = B^T G X^T has rows in the span of the
+inputs whenever the global B != 0 (and A is fully visible); at B = 0 (the LoRA init, so every
+first round) grad A is zero, or pure noise under a noise defense, and we read grad B (d_out x r)
+= G (A X)^T, whose rows lie in the span of {A x_t}: candidates are then mapped through the known
+A. The choice follows the global B the server sent, never the (possibly noised) upload. Either
+way the span test needs r > the number of tokens.
 """
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ def _sample(fed: Federation, round: int) -> list[Client]:
     return [fed.clients[i] for i in sorted(chosen)]
 
 
-def _knowledge(fed: Federation, known: dict[str, torch.Tensor]) -> Knowledge:
+def _knowledge(fed: Federation, known: dict[str, torch.Tensor], defense: Defense) -> Knowledge:
     sc = fed.scenario
     params = fed.params()
     steps = 1 if sc.attack_update == "gradient" else sc.local_epochs * -(-sc.attack_batch_size // sc.batch_size)
@@ -222,7 +222,7 @@ def _knowledge(fed: Federation, known: dict[str, torch.Tensor]) -> Knowledge:
                      num_classes=fed.data.num_classes, input_shape=tuple(fed.data.input_shape),
                      batch_size=sc.attack_batch_size, lr=sc.lr, update_kind=sc.attack_update, local_steps=steps,
                      head=head, vocab_size=fed.data.vocab_size, tokenizer=fed.data.tokenizer,
-                     build_model=fed.new_model)
+                     build_model=fed.new_model, uploads_weights=defense.uploads_weights)
 
 
 def _train(fed: Federation, sampled: list[Client], round: int) -> dict[str, list[tuple]]:
@@ -297,7 +297,7 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         fed.round = r
         sampled = _sample(fed, r)
         if r == scenario.attack_round:
-            knowledge = _knowledge(fed, known)
+            knowledge = _knowledge(fed, known, defense)
         trained = _train(fed, sampled, r)
         defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
         uploads = _upload(fed, defense, sampled, trained, knowledge, targets)

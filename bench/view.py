@@ -89,14 +89,17 @@ class Knowledge:
     tokenizer: Any = None
     build_model: Any = field(default=None, repr=False)   # () -> fresh module of the public architecture
     membership: Any = None                     # bench.membership.MembershipKnowledge, when the scenario has one
+    uploads_weights: bool = False              # the protocol uploads trained weights, not updates
 
     def knows_global_model(self) -> bool:
         return all(not torch.isnan(p).any() for p in self.global_params.values())
 
     def gradient(self, view: ServerView, name: str) -> torch.Tensor:
-        """The client's gradient from its upload: update = -lr * grad for one SGD step."""
+        """The client's gradient from its upload: update = -lr * grad for one SGD step; when the protocol
+        uploads trained weights, the update is the upload minus the global weights (NaN where unknown)."""
         scale = -1.0 / (self.lr * max(self.local_steps, 1))
-        return view.values[name] * scale
+        update = view.values[name] - self.global_params[name] if self.uploads_weights else view.values[name]
+        return update * scale
 
 
 def hidden_leak_free(view: ServerView) -> bool:

@@ -155,3 +155,26 @@ def test_text_scenarios_fail_at_load_with_one_line(tmp_path, capsys, data_root, 
     assert "positions" in err and len(err.strip().splitlines()) == 1
     assert main(["run", _toml(tmp_path, seq_len=8), "--out", out, "--data-root", data_root]) == 2
     assert "seq_len" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("defense,rounds,expect", [("flex-lora", 1, "ok"), ("she-lora(budget=0.05)", 1, "ok"),
+                                                   ("plaintext", 2, "ok"), ("she-lora(budget=0.05)", 2, "blocked")])
+def test_lora_factor_uploads(data_root, defense, rounds, expect):
+    """Uploads of trained factors (uploads_weights): the attacker subtracts the global weights it sent. In the
+    first round she-lora's plaintext B and the public initial A give DAGER everything; after one aggregation
+    the clients' factors come from decrypted columns, so the server no longer knows the global weights.
+    Plaintext LoRA in its second round (B != 0) is read through grad A."""
+    import defenses.shelora  # noqa: F401
+    name, _, params = defense.partition("(")
+    suite = parse_suite({"name": "t", "scenarios": [{
+        "name": "s", "dataset": "sst2-cls", "model": "gpt2-lora", "num_clients": 1, "clients_per_round": 1,
+        "model_params": {"n_embd": 128, "n_head": 4, "lora_r": 96}, "rounds": rounds, "attack_round": rounds - 1,
+        "max_train": 40, "max_test": 4, "seq_len": 64, "batch_size": 8, "lr": 0.01, "attack_batch_size": 1,
+        "attack_repeats": 1}],
+        "defenses": [{"name": name, "params": {"budget": 0.05} if params else {}}], "attacks": [{"name": "dager"}]})
+    [rec] = _run(suite, data_root)
+    assert rec["status"] == expect, rec["reason"]
+    if expect == "ok":
+        assert rec["metrics"]["rouge1"] >= 0.99
+    else:
+        assert "global weights" in rec["reason"]

@@ -12,7 +12,9 @@ aggregate    column-aware: sum_i w_i B_i A_i^plain over each plaintext column, s
 decode/merge every client decrypts, merges (eq. 4) and re-factors to its rank (client.local);
              the engine's global model is the same merge at the model's rank.
 Choices: the wire carries factors, not deltas, as the paper and the authors' code do, so an
-attack's view holds the uploaded adapter (in swapped column order). Every client receives all
+attack's view holds the uploaded adapter (in swapped column order). Trainable entries outside
+the adapters (a sequence-classification head) travel in clear and are averaged (FedAvg), as a
+classifier fine-tuned with LoRA is in the paper's DAGER experiments. Every client receives all
 aggregated blocks (the exact FedAvg of Delta W) rather than the paper's truncation to its own
 budget. Budgets: k_i = max(min_columns, floor(n * gamma_i)) columns per layer when gamma_i > 0,
 so a budget below one column still encrypts one (the tiny model has n = 64 columns).
@@ -39,6 +41,7 @@ RULES = ("max", "min", "random")
                                "B*A^cipher, column-aware aggregation, SVD reparameterization to each rank")
 class SheLoRA(Defense):
     key_topology = "shared-client-key"
+    uploads_weights = True         # the wire carries the trained factors B_i, A_i (swapped), not deltas
     decodes_weighted_sum = False   # aggregates Delta W = B A column-aware, then SVD back to each client's rank
 
     def __init__(self, budget: float | None = None, rule: str = "max", chunk: int = 4, calibration: int = 128,
@@ -56,9 +59,11 @@ class SheLoRA(Defense):
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self, fed) -> None:
         self.layers = lora.layers(fed.names)
-        if not self.layers or len(fed.names) != 2 * len(self.layers):
+        if not self.layers:
             raise ValueError(f"{self.__class__.__name__}: model '{fed.scenario.model}' must train LoRA adapters "
-                             "only (e.g. gpt2-lora)")
+                             "(e.g. gpt2-lora)")
+        adapters = {n for layer in self.layers for n in (layer.a, layer.b)}
+        self.extra = [n for n in fed.names if n not in adapters]   # e.g. a classification head: in clear
         first = self.layers[0]
         self.r_max, self.n = fed.shapes[first.a]
         self.m = fed.shapes[first.b][0]
@@ -186,6 +191,8 @@ class SheLoRA(Defense):
                 seen = np.zeros_like(a)
                 seen[:, swap[: self.n - k]] = a[:, swap[: self.n - k]]
                 self.observed[layer.a] = (a, seen)
+        for name in self.extra:
+            plain[name] = PlainPart.of(trained[name])
         meta = {"she-lora negotiation (OPE)": self.requests.pop(client.name)} if client.name in self.requests else {}
         payload = Payload(plain=plain, cipher=tuple(cipher), meta=meta)
         self.costs.setdefault(client.device.type, []).append((payload.nbytes, payload.cipher_bytes, enc_s))
@@ -215,7 +222,10 @@ class SheLoRA(Defense):
                 mask = np.zeros((self.r_max, self.n), bool)
                 mask[0, self.n - k_max:] = True
                 cipher.append(CipherPart("ckks", tuple(adder.blobs()), ((layer.a, mask),), self.m * k_max))
-        return Payload(cipher=tuple(cipher), meta=meta)
+        plain = {n: PlainPart.of(torch.from_numpy(sum(up.weight * up.payload.plain[n].values().astype(np.float64)
+                                                      for up in uploads).reshape(fed.shapes[n])))
+                 for n in self.extra}
+        return Payload(plain=plain, cipher=tuple(cipher), meta=meta)
 
     # -- clients -------------------------------------------------------------------------------------
     def _delta_w(self, fed, aggregate: Payload, party, layer) -> tuple[tuple, np.ndarray, np.ndarray]:
@@ -247,6 +257,8 @@ class SheLoRA(Defense):
     def decode(self, fed, aggregate: Payload, party) -> dict[str, torch.Tensor]:
         current = fed.params()
         new = self._refactor(fed, aggregate, party, self.r_max)
+        for n in self.extra:
+            new[n] = torch.tensor(aggregate.plain[n].values().reshape(fed.shapes[n]), dtype=torch.float32)
         self.last = (aggregate, party)
         return {n: new[n] - current[n] for n in fed.names}
 
@@ -264,7 +276,7 @@ class SheLoRA(Defense):
             full = np.concatenate([a.ravel() for a, _ in self.observed.values()])
             seen = np.concatenate([s.ravel() for _, s in self.observed.values()])
             out["kde_mi_lora_a"] = kde_mutual_information(full, seen)
-        if hasattr(self, "last"):
+        if hasattr(self, "last") and fed.data.task == "causal-lm":     # table 14 is about language modelling
             aggregate, party = self.last
             out["perplexity_true"] = self._perplexity(fed, self.delta_w(fed, aggregate, party))
             out["perplexity_masked"] = self._perplexity(fed, self.delta_w(fed, aggregate, party, masked=True))
