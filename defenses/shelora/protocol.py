@@ -17,7 +17,9 @@ the adapters (a sequence-classification head) travel in clear and are averaged (
 classifier fine-tuned with LoRA is in the paper's DAGER experiments. Every client receives all
 aggregated blocks (the exact FedAvg of Delta W) rather than the paper's truncation to its own
 budget. Budgets: k_i = max(min_columns, floor(n * gamma_i)) columns per layer when gamma_i > 0,
-so a budget below one column still encrypts one (the tiny model has n = 64 columns).
+so a budget below one column still encrypts one (the tiny model has n = 64 columns). A block
+holds `chunk` columns (the authors' 4) or fewer where the server's product needs it: chunk * m
+must fit N/2 = 4096 slots, so at GPT-2's m = 2304 each column is its own block.
 """
 from __future__ import annotations
 
@@ -67,6 +69,10 @@ class SheLoRA(Defense):
         first = self.layers[0]
         self.r_max, self.n = fed.shapes[first.a]
         self.m = fed.shapes[first.b][0]
+        if self.m > he.slots():
+            raise ValueError(f"she-lora: the server's product B_i A_i^cipher needs the layer's {self.m} outputs in "
+                             f"one ciphertext of {he.slots()} slots; use a narrower model")
+        self.chunk = min(self.opt["chunk"], he.slots() // self.m)   # columns per block that the product fits
         self.ranks, self.ks = {}, {}
         for c in fed.clients:
             rank = c.device.lora_rank or self.r_max
@@ -183,7 +189,7 @@ class SheLoRA(Defense):
             if k:
                 tic = time.perf_counter()
                 with fed.meter.time("he_encrypt_s"):
-                    blobs = he.encrypt_blocks(client.party.keys["ckks"], a[:, order[:k]], self.opt["chunk"])
+                    blobs = he.encrypt_blocks(client.party.keys["ckks"], a[:, order[:k]], self.chunk)
                 enc_s += time.perf_counter() - tic
                 cipher.append(CipherPart("ckks", tuple(blobs), ((layer.a, ~mask & (np.arange(self.r_max) < r)[:, None]),),
                                          r * k))
@@ -206,7 +212,7 @@ class SheLoRA(Defense):
         self.shapes_k = (k_min, k_max)
         for layer in self.layers:
             total = np.zeros((self.m, self.n - k_min))
-            adder = he.BlockAggregator(server.keys["ckks"], self.m, self.opt["chunk"]) if k_max else None
+            adder = he.BlockAggregator(server.keys["ckks"], self.m, self.chunk) if k_max else None
             for up in uploads:
                 r, k = self.ranks[up.sender], self.ks[up.sender]
                 b = up.payload.plain[layer.b].values().astype(np.float64).reshape(self.m, r)
@@ -240,7 +246,7 @@ class SheLoRA(Defense):
         if k_max:
             part = next(p for p in aggregate.cipher if p.layout[0][0] == layer.a)
             with fed.meter.time("he_decrypt_s"):
-                cols = he.decrypt_blocks(party.keys["ckks"], list(part.blobs), self.m, k_max, self.opt["chunk"])
+                cols = he.decrypt_blocks(party.keys["ckks"], list(part.blobs), self.m, k_max, self.chunk)
         return (b_p, a_p), cols[:, ::-1], lora.swap_order(self.n, self.order[layer.a])
 
     def _refactor(self, fed, aggregate, party, rank: int) -> dict[str, torch.Tensor]:
