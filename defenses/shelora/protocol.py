@@ -171,9 +171,10 @@ class SheLoRA(Defense):
         for layer in self.layers:
             a = trained[layer.a].double().numpy()[:r]
             b = trained[layer.b].double().numpy()[:, :r]
-            if self.opt["sigma"]:
-                a = a + rng.normal(0.0, self.opt["sigma"], a.shape)
-                b = b + rng.normal(0.0, self.opt["sigma"], b.shape)
+            if self.opt["sigma"]:          # gradient-scale sigma, as DAGER's and gaussian-noise's: lr * sigma here
+                std = self.opt["sigma"] * fed.scenario.lr
+                a = a + rng.normal(0.0, std, a.shape)
+                b = b + rng.normal(0.0, std, b.shape)
             order = self.order[layer.a]
             swap = lora.swap_order(self.n, order)
             shown = np.zeros((self.r_max, self.n))
@@ -316,7 +317,8 @@ class SheLoRA(Defense):
 
 
 @DEFENSES.register("flex-lora", "Flex-LoRA: heterogeneous-rank LoRA, plaintext Delta W aggregation and SVD "
-                                "to each rank; sigma adds Gaussian noise to the upload (Flex-LoRA-DP)")
+                                "to each rank; sigma adds Gaussian noise of gradient-scale std sigma (lr * sigma on the "
+                                "uploaded factors) as Flex-LoRA-DP")
 class FlexLoRA(SheLoRA):
     key_topology = "none"
 
