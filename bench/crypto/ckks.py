@@ -12,6 +12,10 @@ returns the exact sum of the rounded inputs: no CKKS noise reaches anything deri
 IND-CPA^D hygiene of Li-Micciancio 2020) and a run is reproducible, where raw noise would feed
 thresholds (Fisher masks, pruning) differently each run. The rounding moves a value by at most
 GRID / 2 = 2.4e-7, inside the 1e-6 error CKKS was accepted with.
+
+Long vectors are encrypted and decrypted chunk-parallel in worker processes (bench/crypto/parallel.py
+says why processes); the chunks and bytes are the serial path's, and a worker runs the same
+module-level function the serial path does.
 """
 from __future__ import annotations
 
@@ -21,7 +25,9 @@ from typing import Any
 import numpy as np
 import tenseal as ts
 
-from bench.crypto.params import (GRID, Aggregator, CKKSParams, CryptoError, Decryptor, Encryptor, KeyMaterial)
+from bench.crypto.parallel import map_chunks
+from bench.crypto.params import (GRID, Aggregator, CKKSParams, CryptoError, Decryptor, Encryptor, KeyMaterial,
+                                 frame)
 
 
 def to_grid(values: np.ndarray) -> np.ndarray:
@@ -66,15 +72,45 @@ def _max_summands(km: KeyMaterial) -> int:
     return int(km.params.get("max_summands", 1))
 
 
+def _encrypt_one(ctx: ts.Context, chunk: np.ndarray) -> bytes:
+    return ts.ckks_vector(ctx, to_grid(chunk).tolist()).serialize()
+
+
+def _decrypt_one(ctx: ts.Context, payload: bytes, party: str, what: str, verdict: str) -> np.ndarray:
+    try:
+        vec = ts.ckks_vector_from(ctx, payload)
+    except Exception as exc:  # SEAL/protobuf raise ValueError or RuntimeError
+        raise CryptoError(party, f"{what} is truncated or garbled ({type(exc).__name__}: {exc}); "
+                                 f"{verdict}") from None
+    return to_grid(vec.decrypt())
+
+
+def encrypt_group(public: bytes, fingerprint: bytes, start: int, chunks: list[np.ndarray]) -> list[bytes]:
+    """Framed ciphertexts of consecutive chunks (`start`, map_chunks' group offset, is not needed)."""
+    ctx = _context(public)
+    return [frame(fingerprint, _encrypt_one(ctx, c)) for c in chunks]
+
+
+def decrypt_group(secret: bytes, party: str, verdict: str, start: int, payloads: list[bytes]) -> list[np.ndarray]:
+    """Grid-rounded values of consecutive unframed payloads, the first being ciphertext `start`."""
+    ctx = _context(secret)
+    return [_decrypt_one(ctx, p, party, f"ciphertext {i} of the aggregate", verdict)
+            for i, p in enumerate(payloads, start)]
+
+
 class CKKSEncryptor(Encryptor):
     def __init__(self, km: KeyMaterial, party: str):
         params = _params(km)
         super().__init__(party, km, params.slots)
         self.max_abs_value = params.max_abs_value / _max_summands(km)
+        self.public = km.public
         self.context = _context(km.public)
 
+    def _encrypt_chunks(self, chunks: list[np.ndarray]) -> list[bytes]:
+        return map_chunks(encrypt_group, (self.public, self.fingerprint), chunks)
+
     def _encrypt_chunk(self, chunk: np.ndarray) -> bytes:
-        return ts.ckks_vector(self.context, to_grid(chunk).tolist()).serialize()
+        return _encrypt_one(self.context, chunk)
 
 
 class CKKSAggregator(Aggregator):
@@ -109,14 +145,13 @@ class CKKSAggregator(Aggregator):
 class CKKSDecryptor(Decryptor):
     def __init__(self, km: KeyMaterial, party: str):
         super().__init__(party, km, _params(km).slots)
+        self.secret = km.secret
         self.context = _context(km.secret)
         if not self.context.is_private():
             raise CryptoError(party, "the secret material holds no secret key")
 
+    def _decrypt_chunks(self, payloads: list[bytes], verdict: str) -> list[np.ndarray]:
+        return map_chunks(decrypt_group, (self.secret, self.party, verdict), payloads)
+
     def _decrypt_chunk(self, payload: bytes, what: str, verdict: str) -> np.ndarray:
-        try:
-            vec = ts.ckks_vector_from(self.context, payload)
-        except Exception as exc:
-            raise CryptoError(self.party, f"{what} is truncated or garbled ({type(exc).__name__}: {exc}); "
-                                          f"{verdict}") from None
-        return to_grid(vec.decrypt())
+        return _decrypt_one(self.context, payload, self.party, what, verdict)

@@ -42,6 +42,9 @@ class CryptoError(ValueError):
         self.party = party
         self.problem = problem
 
+    def __reduce__(self):  # raised in HE worker processes and re-raised in the caller
+        return type(self), (self.party, self.problem)
+
 
 @dataclass(frozen=True)
 class CKKSParams:
@@ -210,7 +213,11 @@ class Encryptor(_Role):
     def encrypt(self, values: np.ndarray) -> list[bytes]:
         flat = _as_vector(values, self.party, self.max_abs_value)
         step = self.values_per_blob
-        return [frame(self.fingerprint, self._encrypt_chunk(flat[i:i + step])) for i in range(0, flat.size, step)]
+        return self._encrypt_chunks([flat[i:i + step] for i in range(0, flat.size, step)])
+
+    def _encrypt_chunks(self, chunks: list[np.ndarray]) -> list[bytes]:
+        """Framed blobs, one per chunk, in order; a scheme may spread them over processes."""
+        return [frame(self.fingerprint, self._encrypt_chunk(chunk)) for chunk in chunks]
 
     @abstractmethod
     def _encrypt_chunk(self, chunk: np.ndarray) -> bytes: ...
@@ -275,15 +282,17 @@ class Decryptor(_Role):
         if len(blobs) != expected:
             raise CryptoError(self.party, f"{length} values need {expected} ciphertexts of {self.values_per_blob} "
                                           f"values, got {len(blobs)}; {verdict}")
-        parts = []
-        for i, blob in enumerate(blobs):
-            what = f"ciphertext {i} of the aggregate"
-            parts.append(self._decrypt_chunk(self._unframe(blob, what, verdict), what, verdict))
+        payloads = [self._unframe(blob, f"ciphertext {i} of the aggregate", verdict) for i, blob in enumerate(blobs)]
+        parts = self._decrypt_chunks(payloads, verdict)
         values = np.concatenate(parts) if parts else np.zeros(0)
         if values.size != length:   # a shorter declared length would silently drop values
             raise CryptoError(self.party, f"the aggregate decrypts to {values.size} values but {length} were "
                                           f"declared; {verdict}")
         return values.astype(np.float64, copy=False)
+
+    def _decrypt_chunks(self, payloads: list[bytes], verdict: str) -> list[np.ndarray]:
+        """Plain values of each unframed payload, in order; a scheme may spread them over processes."""
+        return [self._decrypt_chunk(p, f"ciphertext {i} of the aggregate", verdict) for i, p in enumerate(payloads)]
 
     @abstractmethod
     def _decrypt_chunk(self, payload: bytes, what: str, verdict: str) -> np.ndarray: ...
