@@ -38,6 +38,7 @@ from attacks.dager_arch import Arch
 from attacks.dager_noise import noisy_decoder_search, noisy_layer1_tokens
 from attacks.dager_search import assemble, decoder_search, encoder_search, layer1_tokens
 from attacks.dager_span import make_span, rank_of, spectrum
+from bench import compute
 from bench.attack import Attack, Reconstruction
 from bench.registry import ATTACKS
 from bench.view import Knowledge, ServerView
@@ -80,7 +81,12 @@ class Dager(Attack):
         self.l1, self.l2, self.distinct = l1_span_thresh, l2_span_thresh, distinct_thresh
         self.max_combinations, self.fedavg_extra_rank = max_combinations, fedavg_extra_rank
         self.noise_filter, self.std_thresh = noise_filter, std_thresh
-        self.device = device if device == "cpu" or torch.cuda.is_available() else "cpu"
+        self.pinned = device
+
+    @property
+    def device(self) -> str:
+        """`device = "cuda"` pins the GPU where there is one; the default follows the run's --device."""
+        return "cuda" if self.pinned == "cuda" and torch.cuda.is_available() else compute.device_name()
 
     # -- threat model ----------------------------------------------------------------------------
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:

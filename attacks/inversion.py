@@ -22,6 +22,8 @@ global model matches the client's upload. What they share lives here, once:
   on some seeds); Adam can take the sign of the input gradient (breaching's signed "hard") and
   step decay x0.1 at 3/8, 5/8 and 7/8 of the run (breaching's "step-lr"). `boxed` projects the
   inputs into the data range [0, 1] after every step. Images are returned clamped to [0, 1].
+- Device: the optimization runs on the run's device (bench/compute.py); dummy inputs and label
+  logits are drawn on the CPU from the seeded generator and moved, so both devices start alike.
 
 An attack is blocked only when it cannot run at all: an empty view, a server that does not know
 the global weights, no visible trainable entry, non-image inputs, or labels it cannot obtain.
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bench import compute
 from bench.attack import Attack, Reconstruction
 from bench.view import Knowledge, ServerView
 
@@ -114,19 +117,20 @@ class GradientTarget:
     """The server's copy of the model and the client's gradient on the visible entries."""
 
     def __init__(self, view: ServerView, knowledge: Knowledge) -> None:
+        self.device = compute.device()
         self.model = knowledge.build_model()
         state = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         with torch.no_grad():
             for name, value in knowledge.global_params.items():
                 state[name].copy_(value)
-        self.model.train()   # the client's step ran in training mode (batch statistics in BN)
+        self.model.to(self.device).train()   # the client's step ran in training mode (batch statistics in BN)
         named = [(n, p) for n, p in self.model.named_parameters()
                  if p.requires_grad and n in view.visible and view.visible[n].any()]
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        self.masks = [view.visible[n] for n in self.names]
-        self.targets = [torch.where(m, knowledge.gradient(view, n), torch.zeros(())) for n, m in
-                        zip(self.names, self.masks)]
+        self.masks = [view.visible[n].to(self.device) for n in self.names]
+        self.targets = [torch.where(m, knowledge.gradient(view, n).to(self.device), torch.zeros((), device=self.device))
+                        for n, m in zip(self.names, self.masks)]
         self.target_norm = torch.sqrt(sum(t.pow(2).sum() for t in self.targets))
 
     def gradients(self, x: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
@@ -187,22 +191,22 @@ def invert(target: GradientTarget, recipe: Recipe, shape: tuple[int, ...], batch
     best: Inversion | None = None
     for trial in range(recipe.restarts):
         x, logits, steps = _trial(target, recipe, shape, batch_size, num_classes, labels, seed * 7919 + trial)
-        y = torch.tensor(labels) if labels is not None else logits.softmax(dim=1)
+        y = torch.tensor(labels, device=target.device) if labels is not None else logits.softmax(dim=1)
         dist = float(target.distance(target.gradients(x, y), recipe.objective).detach())
         if not np.isfinite(dist):
             dist = float("inf")
         if best is None or dist < best.distance:
             found = labels if labels is not None else [int(c) for c in logits.argmax(dim=1)]
-            best = Inversion(x.detach().clamp(0, 1), found, dist, steps)
+            best = Inversion(x.detach().clamp(0, 1).cpu(), found, dist, steps)
     return best
 
 
 def _trial(target: GradientTarget, recipe: Recipe, shape, batch_size: int, num_classes: int,
            labels: list[int] | None, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn((batch_size, *shape), generator=gen).requires_grad_(True)
-    logits = torch.randn((batch_size, num_classes), generator=gen).requires_grad_(labels is None)
-    fixed = torch.tensor(labels) if labels is not None else None
+    gen = torch.Generator().manual_seed(seed)   # CPU draws on every device, then moved
+    x = torch.randn((batch_size, *shape), generator=gen).to(target.device).requires_grad_(True)
+    logits = torch.randn((batch_size, num_classes), generator=gen).to(target.device).requires_grad_(labels is None)
+    fixed = torch.tensor(labels, device=target.device) if labels is not None else None
     variables = [x] + ([logits] if labels is None else [])
     if recipe.optimizer == "lbfgs":
         opt = torch.optim.LBFGS(variables, lr=recipe.lr, line_search_fn="strong_wolfe")

@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=DEFAULT_OUT, help="output directory (store, results, leaderboard)")
     run.add_argument("--data-root", default=None, help="data root (default: $LEAKBENCH_DATA; digits needs none)")
     run.add_argument("--workers", type=int, default=1, help="parallel processes, one federated run each")
+    run.add_argument("--device", default="cpu", help="auto | cpu | cuda: where training and optimization attacks run")
     run.add_argument("--force", action="store_true", help="recompute the selected cells even if stored")
     run.add_argument("--only", metavar="PATTERN", default=None,
                      help="run only cells whose label scenario/defense/attack matches (glob, or a substring)")
@@ -64,6 +65,8 @@ def _run(args) -> int:
 
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}; did you mean 1?")
+    from bench import compute
+    compute.use(args.device)                # one line and exit 2 for cuda without a GPU, before anything runs
     suite = load_suite(args.suite)          # everything a cell could trip on fails here, before any write
     check_suite_data(suite, args.data_root)
     preflight(suite, args.data_root)

@@ -9,6 +9,7 @@ attack_repeats > 1 the same client encodes further batches under the same defens
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bench import membership
+from bench import compute, membership
 from bench.costs import CostMeter
 from bench.devices import CATALOGS, Device, assign
 from bench.defense import Defense, Party
@@ -114,12 +115,14 @@ class Federation:
         return {n: state[n].detach().clone() for n in self.names}
 
     def gradient(self, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
-        """Gradient of the task loss on (x, y) at the given (default: global) model."""
+        """Gradient of the task loss on (x, y) at the given (default: global) model, computed where the model
+        lives, returned on the CPU."""
         model = model or self.model
+        dev = compute.model_device(model)
         model.zero_grad()
-        self.task.loss(model, x, y).backward()
+        self.task.loss(model, x.to(dev), y.to(dev)).backward()
         params = dict(model.named_parameters())
-        return {n: params[n].grad.detach().clone() if n in params and params[n].grad is not None
+        return {n: params[n].grad.detach().cpu().clone() if n in params and params[n].grad is not None
                 else torch.zeros(self.shapes[n]) for n in self.names}
 
 
@@ -143,26 +146,28 @@ def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tens
     """Client update as a delta: one FedSGD step (-lr * grad) or local SGD epochs.
 
     The delta is taken against the model the client started from (the global model merged with its
-    personalized entries), so a personalized or per-cluster model advances by its own training."""
+    personalized entries), so a personalized or per-cluster model advances by its own training. It trains
+    on the run's device (bench/compute.py); the delta comes back on the CPU."""
     sc = fed.scenario
+    dev = compute.device()
     model = fed.new_model()
     start = client.merged(fed.params())
     _set_entries(model, start)
-    model.train()
+    model.to(dev).train()
     if mode == "gradient":
-        before = {n: b.detach().clone() for n, b in model.named_buffers() if n in fed.shapes}
+        before = {n: b.detach().cpu().clone() for n, b in model.named_buffers() if n in fed.shapes}
         grads = fed.gradient(x, y, model)
         after = dict(model.named_buffers())
-        return {n: (after[n].detach() - before[n]) if n in before else -sc.lr * grads[n] for n in fed.names}
+        return {n: (after[n].detach().cpu() - before[n]) if n in before else -sc.lr * grads[n] for n in fed.names}
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
     for _ in range(sc.local_epochs):
-        order = torch.randperm(len(y), generator=generator)
+        order = torch.randperm(len(y), generator=generator)   # drawn on the CPU on every device
         for batch in order.split(sc.batch_size):
             opt.zero_grad()
-            fed.task.loss(model, x[batch], y[batch]).backward()
+            fed.task.loss(model, x[batch].to(dev), y[batch].to(dev)).backward()
             opt.step()
     state = dict(model.named_parameters()) | dict(model.named_buffers())
-    return {n: state[n].detach() - start[n] for n in fed.names}
+    return {n: state[n].detach().cpu() - start[n] for n in fed.names}
 
 
 def build_federation(scenario: Scenario, data, defense: Defense | None = None) -> Federation:
@@ -358,13 +363,15 @@ def _encryption_breakdown(fed: Federation) -> dict[str, Any]:
 
 def _run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any]:
     data = fed.data
-    metrics: dict[str, Any] = dict(fed.task.evaluate(fed.model, data.test_x, data.test_y))
+    dev = compute.device()
+    evaluated = fed.model if dev.type == "cpu" else copy.deepcopy(fed.model).to(dev)
+    metrics: dict[str, Any] = dict(fed.task.evaluate(evaluated.to(dev), data.test_x, data.test_y))
     if any(c.local for c in fed.clients):  # personalized entries: each client's own model on the test set
         personal = []
         for client in fed.clients:
             model = fed.new_model()
             _set_entries(model, client.merged(fed.params()))
-            personal.append(fed.task.evaluate(model, data.test_x, data.test_y))
+            personal.append(fed.task.evaluate(model.to(dev), data.test_x, data.test_y))
         metrics.update({f"{k}_personal": float(np.mean([p[k] for p in personal])) for k in personal[0]})
     metrics.update(upload_bytes=fed.traffic.per_client("up"), download_bytes=fed.traffic.per_client("down"),
                    setup_bytes=fed.traffic.setup_bytes(), wall_s=wall,

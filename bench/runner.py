@@ -52,7 +52,15 @@ class RunSummary:
 def environment() -> dict[str, Any]:
     from bench.version import code_fingerprint, package_version
     return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": code_fingerprint()}
+            "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": code_fingerprint(),
+            "device": compute_device()}
+
+
+def compute_device() -> str:
+    """The torch device the cell ran on, with the GPU's name (not part of the cell id: bench/compute.py)."""
+    from bench.compute import device
+    dev = device()
+    return f"cuda ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "cpu"
 
 
 def selected(cell: Cell, pattern: str | None) -> bool:

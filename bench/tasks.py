@@ -9,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from bench import compute
+
 
 class ClassificationTask:
     name = "classification"
@@ -22,7 +24,8 @@ class ClassificationTask:
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         model.eval()
-        correct = sum(int((model(xb).argmax(1) == yb).sum()) for xb, yb in zip(x.split(512), y.split(512)))
+        dev = compute.model_device(model)
+        correct = sum(int((model(xb.to(dev)).argmax(1).cpu() == yb).sum()) for xb, yb in zip(x.split(512), y.split(512)))
         model.train()
         return {"accuracy": correct / max(len(y), 1)}
 
@@ -51,7 +54,7 @@ class CausalLMTask:
         model.eval()
         total, count = 0.0, 0
         for xb in x.split(64):
-            t, c = self._token_losses(model, xb)
+            t, c = self._token_losses(model, xb.to(compute.model_device(model)))
             total, count = total + float(t), count + c
         model.train()
         loss = total / max(count, 1)

@@ -1,0 +1,70 @@
+"""Where torch computes: the run's device, `--device auto|cpu|cuda` (default cpu).
+
+The choice is resolved once (auto -> cuda when torch sees a GPU) and kept in LEAKBENCH_DEVICE, so
+cell processes and local Ray workers started by the run inherit it (a remote Ray cluster gets it
+through the job's runtime_env). Only the heavy loops move: local training and FedSGD steps
+(bench/federation.py), test-set evaluation, and the optimization attacks (DLG, iDLG, Inverting
+Gradients, DAGER). Everything that crosses a party boundary stays a CPU tensor, so defenses,
+the wire and the server view never see a device.
+
+The device is not part of a cell's identity: a result computed on the GPU is reused by a CPU run
+and the other way round. GPU results are not bit-identical to CPU ones, but close:
+- every random draw (partitions, batch order, dummy inputs, label logits) is taken on the CPU from
+  the same seeded generators and then moved, so both devices start from the same numbers;
+- TF32 is switched off, so matmuls and convolutions stay float32; what differs is the order of
+  float32 reductions in cuBLAS / cuDNN (relative error ~1e-6 per op).
+Expected tolerance: model updates and accuracies agree to ~1e-5 relative after a few local epochs
+(an accuracy may move by one test sample at a near-tie); analytic attacks (iLRG, the iDLG label
+rule, DAGER's span checks) give the same labels and texts unless a value sits within ~1e-5 of a
+threshold; iterative reconstructions (L-BFGS, signed Adam) amplify the 1e-6 differences along
+their trajectories, so PSNR / SSIM / LPIPS per image may differ by a few percent (more where the
+optimization is chaotic, as DLG on a sigmoid LeNet is); compare those as means over images.
+CKKS results are exact on the grid either way (bench/crypto/ckks.py).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+ENV = "LEAKBENCH_DEVICE"
+CHOICES = ("auto", "cpu", "cuda")
+
+
+def resolve(choice: str) -> str:
+    """'cpu' or 'cuda' for a --device choice; ValueError (one line) for an unknown one or a missing GPU."""
+    if choice not in CHOICES:
+        raise ValueError(f"--device must be one of {', '.join(CHOICES)}, got {choice!r}")
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA GPU on this machine (torch.cuda.is_available() is "
+                         "False); use --device cpu or --device auto")
+    return choice
+
+
+def use(choice: str) -> str:
+    """Resolve a --device choice and make it this process's (and its children's) device."""
+    name = resolve(choice)
+    os.environ[ENV] = name
+    return name
+
+
+def device() -> torch.device:
+    """The run's device (LEAKBENCH_DEVICE, default cpu); a cuda setting on a machine without GPU is refused."""
+    name = resolve(os.environ.get(ENV, "cpu") or "cpu")
+    if name == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return torch.device(name)
+
+
+def device_name() -> str:
+    return device().type
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's parameters live (cpu for a model without any)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")

@@ -1,0 +1,58 @@
+"""--device: resolution, the one-line refusal of cuda without a GPU, and device-independent cell identity."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import compute
+from bench.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _restore_device(monkeypatch):
+    monkeypatch.setenv(compute.ENV, "cpu")   # the CLI sets it for the process; put it back after each test
+
+
+def test_resolve(monkeypatch):
+    assert compute.resolve("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compute.resolve("auto") == "cpu"
+    with pytest.raises(ValueError, match="^--device cuda: torch sees no CUDA GPU"):
+        compute.resolve("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert compute.resolve("auto") == compute.resolve("cuda") == "cuda"
+    with pytest.raises(ValueError, match="--device must be one of auto, cpu, cuda, got 'gpu'"):
+        compute.resolve("gpu")
+
+
+def test_use_sets_the_process_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compute.use("auto") == "cpu"
+    assert compute.device() == torch.device("cpu") and compute.device_name() == "cpu"
+    monkeypatch.setenv(compute.ENV, "cuda")      # inherited by a worker on a machine without a GPU
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        compute.device()
+
+
+@pytest.mark.parametrize("choice, message", [("cuda", "--device cuda: torch sees no CUDA GPU"),
+                                             ("tpu", "--device must be one of auto, cpu, cuda")])
+def test_cli_refuses_in_one_line_before_writing(choice, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    assert main(["run", "smoke", "--out", str(out), "--device", choice]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"leakbench: error: {message}") and "\n" not in err
+    assert not out.exists()
+
+
+def test_device_is_recorded_but_not_part_of_the_cell_id(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    assert main(["run", "smoke", "--out", str(out), "--device", "cpu"]) == 0
+    records = json.loads((out / "results.json").read_text())
+    assert records and all(r["environment"]["device"] == "cpu" for r in records)
+    capsys.readouterr()
+    assert main(["run", "smoke", "--out", str(out), "--device", "auto"]) == 0   # resolves to cpu here
+    assert f"{len(records)} already done" in capsys.readouterr().out
