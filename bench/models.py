@@ -119,20 +119,49 @@ def lenet5_relu(data: Dataset, activation: str = "relu") -> nn.Module:
                                                                nn.Linear(84, data.num_classes)))
 
 
-@MODELS.register("resnet18", "torchvision ResNet-18, random init; CIFAR-style stem for inputs under 64 px")
-def resnet18(data: Dataset) -> nn.Module:
+@MODELS.register("resnet18", "torchvision ResNet-18, random init; CIFAR-style stem for inputs under 64 px; "
+                             "width scales every layer's channels (64 = torchvision's)")
+def resnet18(data: Dataset, width: int = 64) -> nn.Module:
     """Inputs under 64 px get the CIFAR stem (3x3 stride-1 conv, no max-pool) so the feature maps are
     not pooled away; under 16 px layer4 also keeps stride 1, so BatchNorm still sees more than one value
-    per channel at batch size 1. Other channel counts get a stem conv with that many input channels."""
+    per channel at batch size 1. Other channel counts get a stem conv with that many input channels.
+    `width` < 64 scales every conv, BatchNorm and the head by width / 64 (same depth, blocks and names):
+    a CI slice of a ResNet-18 suite runs the architecture without encrypting 11M parameters."""
     from torchvision.models import resnet18 as tv_resnet18
+    if not isinstance(width, int) or not 1 <= width <= 64:
+        raise ValueError(f"resnet18 width must be an int in 1..64, got {width!r}")
     c, h, w = _image_shape(data, "resnet18")
     model = tv_resnet18(weights=None, num_classes=data.num_classes)
+    if width != 64:
+        _scale_channels(model, width / 64)
     if min(h, w) < 64:
-        model.conv1 = nn.Conv2d(c, 64, 3, stride=1, padding=1, bias=False)
+        model.conv1 = nn.Conv2d(c, width, 3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
     elif c != 3:
-        model.conv1 = nn.Conv2d(c, 64, 7, stride=2, padding=3, bias=False)
+        model.conv1 = nn.Conv2d(c, width, 7, stride=2, padding=3, bias=False)
     if min(h, w) < 16:
         model.layer4[0].conv1.stride = (1, 1)
         model.layer4[0].downsample[0].stride = (1, 1)
     return model
+
+
+def _scale_channels(model: nn.Module, factor: float) -> None:
+    """Replace every Conv2d / BatchNorm2d / Linear by one with channel counts scaled (the input image's
+    channels and the classes stay), keeping module names, kernels, strides and torchvision's init."""
+    def scaled(n: int) -> int:
+        return max(1, round(n * factor))
+    for name, module in list(model.named_modules()):
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Conv2d):
+            ins = module.in_channels if name == "conv1" else scaled(module.in_channels)
+            new = nn.Conv2d(ins, scaled(module.out_channels), module.kernel_size, module.stride, module.padding,
+                            bias=module.bias is not None)
+            nn.init.kaiming_normal_(new.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(module, nn.BatchNorm2d):
+            new = nn.BatchNorm2d(scaled(module.num_features))
+        elif isinstance(module, nn.Linear):
+            new = nn.Linear(scaled(module.in_features), module.out_features)
+        else:
+            continue
+        setattr(parent, leaf, new)

@@ -195,6 +195,20 @@ def test_resnet_counts_bn_buffers():
     assert "bn1.running_mean" in names and "fc.weight" in names
 
 
+def test_resnet_width_scales_channels_not_structure():
+    full = build_model("resnet18", image_data((3, 32, 32)))
+    slim = build_model("resnet18", image_data((3, 32, 32)), width=8)
+    shapes = {n: p.shape for n, p in full.named_parameters()}
+    slim_shapes = {n: p.shape for n, p in slim.named_parameters()}
+    assert list(shapes) == list(slim_shapes) and update_names(full) == update_names(slim)
+    assert slim_shapes["conv1.weight"] == (8, 3, 3, 3) and slim_shapes["fc.weight"] == (10, 64)
+    assert slim_shapes["layer4.0.downsample.0.weight"] == (64, 32, 1, 1)
+    assert 11_000_000 < sum(p.numel() for p in full.parameters()) and sum(p.numel() for p in slim.parameters()) < 200_000
+    assert slim(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="width must be an int in 1..64"):
+        build_model("resnet18", image_data((3, 32, 32)), width=0)
+
+
 def test_gpt2_lora_trains_only_adapters():
     data = text_data()
     torch.manual_seed(0)
