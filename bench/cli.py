@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from bench.catalog import KIND_NAMES
+from bench.executors import EXECUTORS
 from bench.registry import UnknownName
 
 DEFAULT_OUT = "out"
@@ -29,7 +30,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("suite")
     run.add_argument("--out", default=DEFAULT_OUT, help="output directory (store, results, leaderboard)")
     run.add_argument("--data-root", default=None, help="data root (default: $LEAKBENCH_DATA; digits needs none)")
-    run.add_argument("--workers", type=int, default=1, help="parallel processes, one federated run each")
+    run.add_argument("--workers", type=int, default=None,
+                     help="groups computed at once, one federated run each (process: pool size; ray: num_cpus of "
+                          "a local Ray, or groups in flight on a cluster, default one per CPU)")
+    run.add_argument("--executor", choices=EXECUTORS, default=None,
+                     help="where groups run: local (this process; the default for one worker), process (a pool "
+                          "of --workers processes; the default for more), ray (one task per group; needs "
+                          "pip install 'leakbench[ray]')")
+    run.add_argument("--ray-address", metavar="HOST:PORT", default=None,
+                     help="an existing Ray cluster (HOST:PORT, ray://HOST:PORT or auto) instead of a local Ray; "
+                          "its nodes must see the data root at the same path (or set LEAKBENCH_DATA there) and "
+                          "run this leakbench version")
     run.add_argument("--device", default="cpu", help="auto | cpu | cuda: where training and optimization attacks run")
     run.add_argument("--force", action="store_true", help="recompute the selected cells even if stored")
     run.add_argument("--only", metavar="PATTERN", default=None,
@@ -62,9 +73,9 @@ def _run(args) -> int:
     from leaderboards.render import write_outputs
 
     from bench.datacheck import check_suite_data
+    from bench.executors import check_options
 
-    if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}; did you mean 1?")
+    check_options(args.executor, args.workers, args.ray_address)
     from bench import compute
     compute.use(args.device)                # one line and exit 2 for cuda without a GPU, before anything runs
     suite = load_suite(args.suite)          # everything a cell could trip on fails here, before any write
@@ -72,7 +83,8 @@ def _run(args) -> int:
     preflight(suite, args.data_root)
     check_out(args.out)
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
-                        force=args.force, only=args.only, dry_run=args.dry_run)
+                        force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,
+                        ray_address=args.ray_address)
     if args.dry_run:
         for label, state in summary.plan:
             print(f"{'skip (done)' if state == 'done' else 'run (' + state + ')':14s} {label}")

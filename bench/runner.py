@@ -1,10 +1,11 @@
 """One runner for the CLI and the pytest plugin.
 
 Cells sharing a scenario and a defense share one federated run (the attacks replay
-against the recorded uploads). Each finished cell is written to the store at once. A
+against the recorded uploads). A group's cells are written to the store as soon as it finishes. A
 failing cell is recorded with its one-line reason and does not stop the others; the
-run's exit status reports it. Groups are independent, so the executor is a seam: in
-process by default, a process pool with --workers N. A group with any selected cell missing is
+run's exit status reports it. Groups are independent, so the executor is a seam
+(bench/executors.py: in process, a process pool, or Ray); the driver alone claims groups and
+writes the store, whichever executor computes them. A group with any selected cell missing is
 recomputed whole, so a group's rows always come from one federated run (its run id is in
 each record's environment); each group is claimed in the store (bench/claims.py), so concurrent
 runs into one --out compute it once.
@@ -20,7 +21,6 @@ import os
 import platform
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from bench.claims import Claims, group_id, new_run_id
+from bench.executors import Job, check_options, make_executor
 from bench.registry import ATTACKS, DEFENSES, METRICS
 from bench.spec import Cell, Suite
 from bench.store import Store
@@ -248,51 +249,89 @@ def _group(cells: list[Cell]) -> list[list[Cell]]:
     return list(groups.values())
 
 
-Outcome = tuple[str, str, str]   # (status, cell label, one-line reason)
+BEAT_S = 60.0   # how often the driver renews its claims on the groups in flight
 
 
-def _claimed_group(cells: list[Cell], data_root: str | None, store: Store, claims: Claims, fingerprint: str,
-                   force: bool, on_record: Callable[[str, str, str], None] | None = None,
-                   on_round: Callable[[str], None] | None = None) -> list[Outcome] | None:
-    """Claim the group, compute all of its cells in one federated run and store them; None if another
-    run holds it. A group finished by another run meanwhile (and not forced) is reported as skipped."""
-    grp = group_id(cells)
-    if not claims.claim(grp):
-        return None
+def _store_group(job: Job, result: list[dict[str, Any]] | BaseException, fingerprint: str, store: Store,
+                 tally: Callable[[str, str, str], None]) -> None:
+    """Write a finished job's records; a job that raised becomes failed cells with its one-line reason,
+    and a record computed by other code (a cluster node with another version) is refused the same way."""
+    records = [failed(c, result) for c in job.cells] if isinstance(result, BaseException) else result
+    for cell, record in zip(job.cells, records):
+        theirs = record["environment"].get("fingerprint")
+        if record["status"] != "failed" and theirs != fingerprint:
+            record = failed(cell, RuntimeError(f"computed by other code (fingerprint {theirs}, here {fingerprint});"
+                                               " install this leakbench on every worker"))
+        record["environment"] = {**record["environment"], "run_id": job.run_id}
+        store.put(record)
+        tally(record["status"], cell.label, record["reason"])
+
+
+def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store, claims: Claims, fingerprint: str,
+           force: bool, tally: Callable[[str, str, str], None], poll_s: float) -> None:
+    """Keep the executor's slots full of claimed groups and store each group's records as it finishes.
+
+    A group another run holds is set aside and retried once the rest is done (by then it is usually
+    finished there and skipped here); a group another run finished meanwhile is skipped unless forced."""
+    inflight: dict[str, Job] = {}
+    busy: list[list[Cell]] = []
+    progressed = False
     try:
-        if not force and all(store.finished(c.cell_id, fingerprint) for c in cells):
-            return [("skipped", c.label, "") for c in cells]
-        outcomes = []
-        for cell, record in zip(cells, run_group(cells, data_root, on_round=on_round)):
-            store.put(record)
-            claims.beat(grp)
-            outcomes.append((record["status"], cell.label, record["reason"]))
-            if on_record:
-                on_record(*outcomes[-1])
-        return outcomes
+        while pending or busy or inflight:
+            while pending and len(inflight) < pool.slots:
+                cells = pending.pop(0)
+                grp = group_id(cells)
+                if not claims.claim(grp):
+                    busy.append(cells)
+                elif not force and all(store.finished(c.cell_id, fingerprint) for c in cells):
+                    claims.release(grp)
+                    progressed = True
+                    for c in cells:
+                        tally("skipped", c.label, "")
+                else:
+                    inflight[grp] = Job(cells, new_run_id(), grp, data_root)
+                    pool.submit(inflight[grp])
+            if inflight:
+                for job, result in pool.wait(BEAT_S):
+                    _store_group(job, result, fingerprint, store, tally)
+                    claims.release(inflight.pop(job.group).group)
+                    progressed = True
+                for grp in inflight:
+                    claims.beat(grp)
+            elif busy:
+                if not progressed:
+                    time.sleep(poll_s)   # every remaining group is being computed by another run
+                pending, busy, progressed = busy, [], False
     finally:
-        claims.release(grp)
+        for grp in inflight:
+            claims.release(grp)
 
 
-def _run_group_into(cells: list[Cell], data_root: str | None, store_path: str, fingerprint: str,
-                    force: bool) -> list[Outcome] | None:
-    """Process-pool worker: claims and writes its group itself (None: claimed elsewhere)."""
-    store = Store(store_path)
-    claims = Claims(store_path)
-    try:
-        return _claimed_group(cells, data_root, store, claims, fingerprint, force)
-    finally:
-        claims.close()
-        store.close()
-
-
-def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, workers: int = 1,
+def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, workers: int | None = None,
               progress: Callable[..., Any] | None = None, force: bool = False, only: str | None = None,
-              dry_run: bool = False, poll_s: float = 1.0) -> RunSummary:
+              dry_run: bool = False, poll_s: float = 1.0, executor: str | Any | None = None,
+              ray_address: str | None = None) -> RunSummary:
     """Run every group with a selected cell missing or stale, whole (its cells then share one federated
-    run), each group claimed in the store so that concurrent runs into one --out compute it once."""
+    run), each group claimed in the store so that concurrent runs into one --out compute it once.
+
+    `executor` is a name (local, process, ray; None: local for one worker, process for more) or an
+    executor object (bench/executors.py), which the caller then closes."""
+    from bench.datasets import resolve_data_root
     from bench.version import code_fingerprint
 
+    root = resolve_data_root(data_root)
+    root = None if root is None else str(root)
+    bar = claims = None
+
+    def on_round(job: Job, msg: str) -> None:
+        if bar:
+            bar.set_postfix_str(f"{job.where} {msg}", refresh=True)
+        if claims:
+            claims.beat(job.group)
+
+    own = executor is None or isinstance(executor, str)
+    if own:
+        check_options(executor, workers, ray_address)
     out = Path(out_dir)
     store = Store(out / "leakbench.sqlite")
     fingerprint = code_fingerprint()
@@ -307,6 +346,11 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         return RunSummary(0, 0, 0, skipped, stale, plan=tuple(
             (c.label, "group" if states[c.cell_id] == "done" and c.cell_id in rerun else states[c.cell_id])
             for c in chosen))
+    try:   # started only when there is work: a local Ray costs seconds
+        pool = make_executor(executor, workers, ray_address, on_round) if own and pending else executor
+    except BaseException:
+        store.close()
+        raise
     store.set_membership(suite.name, [c.cell_id for c in suite.cells], suite.page_info())
     counts = {"ok": 0, "blocked": 0, "failed": 0, "skipped": skipped}
     failures: list[tuple[str, str]] = []
@@ -321,38 +365,14 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
 
     claims = Claims(store.path)
     try:
-        while pending:
-            busy = []
-            if workers <= 1:
-                for cells in pending:
-                    where = f"{cells[0].scenario.name}/{cells[0].defense.label}"
-                    on_round = (lambda msg, where=where: bar.set_postfix_str(f"{where} {msg}", refresh=True)) \
-                        if bar else None
-                    done = _claimed_group(cells, data_root, store, claims, fingerprint, force, on_record=tally,
-                                          on_round=on_round)
-                    if done is None:
-                        busy.append(cells)
-                    elif done[0][0] == "skipped":
-                        for outcome in done:
-                            tally(*outcome)
-            else:
-                with ProcessPoolExecutor(max_workers=workers) as pool:
-                    futures = {pool.submit(_run_group_into, cells, data_root, str(store.path), fingerprint,
-                                           force): cells for cells in pending}
-                    for fut in as_completed(futures):
-                        done = fut.result()
-                        if done is None:
-                            busy.append(futures[fut])
-                        for outcome in done or ():
-                            tally(*outcome)
-            if len(busy) == len(pending):
-                time.sleep(poll_s)   # every remaining group is being computed by another run
-            pending = busy
+        _drive(pending, pool, root, store, claims, fingerprint, force, tally, poll_s)
     finally:
         claims.close()
         if bar:
             bar.close()
         store.close()
+        if own and pool is not None:
+            pool.close()
     return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"], stale, tuple(failures))
 
 

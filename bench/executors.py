@@ -1,0 +1,222 @@
+"""Executors: where a (scenario, defense) group's federated run and attacks are computed.
+
+The runner claims a group, submits it as a Job and stores the records that come back: the
+driver alone writes the store, whatever the executor, so resume, skip and claims behave the
+same everywhere. An executor only computes; a job that raises (a dead worker, a task Ray
+could not run) comes back as the exception, and the runner records it as failed cells.
+
+- `local`: in this process, one group at a time, with per-round progress.
+- `process`: a pool of `workers` processes on this machine.
+- `ray`: one Ray task per group, on a local Ray started here (num_cpus = workers when given) or
+  on an existing cluster (`address`); at most `workers` groups in flight, else one per CPU.
+
+The data root travels as a job argument (resolved on the driver). Every Ray node must see the
+same path (a shared file system); a node where that path does not exist falls back to its own
+$LEAKBENCH_DATA. Worker code must be the driver's: the runner rejects records whose code
+fingerprint differs.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+EXECUTORS = ("local", "process", "ray")
+RAY_HINT = "pip install 'leakbench[ray]'"
+
+
+class ExecutorError(ValueError):
+    """An executor cannot start (Ray missing, a cluster out of reach, contradictory options)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Job:
+    """One group to compute: its cells, the federated run's id, the claim it is held under."""
+
+    cells: list
+    run_id: str
+    group: str
+    data_root: str | None = None
+    where: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "where", f"{self.cells[0].scenario.name}/{self.cells[0].defense.label}")
+
+
+Finished = tuple[Job, "list[dict[str, Any]] | BaseException"]
+
+
+def compute(cells: list, data_root: str | None, run_id: str,
+            on_round: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """A group's records (on_round hears "round r/R" where the job runs in the driver)."""
+    from bench.runner import run_group
+
+    return list(run_group(cells, data_root, run_id, on_round))
+
+
+def _ray_compute(fn: Callable, cells: list, data_root: str | None, run_id: str) -> list[dict[str, Any]]:
+    if data_root is not None and not Path(data_root).is_dir() and os.environ.get("LEAKBENCH_DATA"):
+        data_root = os.environ["LEAKBENCH_DATA"]   # this node keeps the data elsewhere
+    return fn(cells, data_root, run_id)
+
+
+class LocalExecutor:
+    """Computes each job in this process when the runner waits for it."""
+
+    def __init__(self, on_round: Callable[[Job, str], None] | None = None, fn: Callable = compute):
+        self.slots, self._queue, self._on_round, self._fn = 1, [], on_round, fn
+
+    def submit(self, job: Job) -> None:
+        self._queue.append(job)
+
+    def wait(self, timeout: float) -> list[Finished]:
+        job = self._queue.pop(0)
+        on_round = (lambda msg: self._on_round(job, msg)) if self._on_round else None
+        try:
+            return [(job, self._fn(job.cells, job.data_root, job.run_id, on_round))]
+        except Exception as err:
+            return [(job, err)]
+
+    def close(self) -> None:
+        self._queue.clear()
+
+
+def _share_cores(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+class ProcessExecutor:
+    """A pool of worker processes on this machine, each with its share of the cores for torch (Ray
+    does the same for its tasks), so that workers do not oversubscribe them."""
+
+    def __init__(self, workers: int, fn: Callable = compute):
+        self.slots, self._fn = workers, fn
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        self._pool = cf.ProcessPoolExecutor(max_workers=workers, initializer=_share_cores, initargs=(threads,))
+        self._futures: dict[cf.Future, Job] = {}
+
+    def submit(self, job: Job) -> None:
+        self._futures[self._pool.submit(self._fn, job.cells, job.data_root, job.run_id)] = job
+
+    def wait(self, timeout: float) -> list[Finished]:
+        done, _ = cf.wait(self._futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+        out = []
+        for fut in done:
+            job = self._futures.pop(fut)
+            err = fut.exception()
+            out.append((job, err if err is not None else fut.result()))
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayExecutor:
+    """One Ray task per job; joins a Ray already initialized in this process and leaves it running."""
+
+    def __init__(self, workers: int | None = None, address: str | None = None, fn: Callable = compute):
+        check_options("ray", workers, address)
+        import ray
+
+        self._ray, self._fn, self._refs = ray, fn, {}
+        self._owner = not ray.is_initialized()
+        if self._owner:
+            try:
+                ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
+                         log_to_driver=bool(os.environ.get("LEAKBENCH_TRACEBACK")), logging_level=logging.ERROR)
+            except (ConnectionError, ValueError, RuntimeError) as err:
+                where = f"--ray-address {address}" if address else "a local Ray"
+                raise ExecutorError(f"cannot start {where}: {_first_line(err)}") from None
+        self.slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._task = ray.remote(num_cpus=1, max_retries=1)(_ray_compute)
+
+    def submit(self, job: Job) -> None:
+        self._refs[self._task.remote(self._fn, job.cells, job.data_root, job.run_id)] = job
+
+    def wait(self, timeout: float) -> list[Finished]:
+        ray = self._ray
+        ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
+        out = []
+        for ref in ready:
+            job = self._refs.pop(ref)
+            try:
+                out.append((job, ray.get(ref)))
+            except Exception as err:
+                out.append((job, _task_error(err)))
+        return out
+
+    def close(self) -> None:
+        for ref in self._refs:
+            self._ray.cancel(ref, force=True)
+        self._refs.clear()
+        if self._owner:
+            self._ray.shutdown()
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def _task_error(err: BaseException) -> BaseException:
+    """What the task raised, where Ray kept it (its own wrapper's first line is the task's name), else
+    Ray's error (a dead worker, a lost node)."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, BaseException) else err
+
+
+def check_address(address: str) -> None:
+    """Fail in seconds where ray.init would wait minutes for a cluster that is not there."""
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ExecutorError(f"--ray-address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379, ray://head:10001, "
+                            "or auto)")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ExecutorError(f"--ray-address {address}: cannot reach {host}:{port} ({err.strerror or err}); start "
+                            "the cluster with `ray start --head` or leave --ray-address out for a local Ray") from None
+
+
+def check_options(kind: str | None, workers: int | None = None, address: str | None = None) -> str:
+    """The executor a run asks for (None: local for one worker, a process pool for more), checked
+    before anything runs; contradictory options and a missing Ray are one-line errors."""
+    kind = kind or ("process" if (workers or 1) > 1 else "local")
+    if kind not in EXECUTORS:
+        raise ExecutorError(f"unknown executor {kind!r}; choose one of {', '.join(EXECUTORS)}")
+    if workers is not None and workers < 1:
+        raise ExecutorError(f"--workers must be >= 1, got {workers}; did you mean 1?")
+    if address and kind != "ray":
+        raise ExecutorError(f"--ray-address needs --executor ray, not {kind}; did you mean --executor ray?")
+    if kind == "local" and (workers or 1) > 1:
+        raise ExecutorError(f"--executor local runs one group at a time; for --workers {workers} use "
+                            "--executor process or ray")
+    if kind == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ExecutorError(f"--executor ray needs Ray, which is not installed: {RAY_HINT}") from None
+        if address:
+            check_address(address)
+    return kind
+
+
+def make_executor(kind: str | None, workers: int | None = None, address: str | None = None,
+                  on_round: Callable[[Job, str], None] | None = None, fn: Callable = compute):
+    kind = check_options(kind, workers, address)
+    if kind == "local":
+        return LocalExecutor(on_round, fn)
+    if kind == "process":
+        return ProcessExecutor(workers or 1, fn)
+    return RayExecutor(workers, address, fn)

@@ -1,0 +1,187 @@
+"""Executors: Ray and the process pool give the in-process results; a killed Ray run resumes; bad options exit 2.
+
+One local Ray (2 CPUs) serves the whole module: starting Ray costs seconds. A run given
+--executor ray joins it (and leaves it running); the killed run connects to it with --ray-address.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.executors import LocalExecutor, ProcessExecutor, RayExecutor
+from bench.runner import run_suite
+from bench.spec import load_suite
+from bench.store import Store
+from tests.test_reproducible import assert_same, comparable
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS = 3
+SUITE = "".join(f"""
+[[scenarios]]
+name = "tiny-{seed}"
+dataset = "digits"
+model = "mlp"
+num_clients = 2
+clients_per_round = 2
+rounds = 1
+max_train = 60
+max_test = 30
+seed = {seed}
+""" for seed in range(SEEDS)) + """
+[[defenses]]
+name = "plaintext"
+[[defenses]]
+name = "dp-fedavg"
+params = { noise_multiplier = 0.5 }
+[[attacks]]
+name = "idlg-extended"
+[[attacks]]
+name = "random-guess"
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def grid(tmp_path) -> Path:
+    path = tmp_path / "grid.toml"
+    path.write_text('name = "grid"\n' + SUITE)
+    return path
+
+
+def _same_as_in_process(suite: str, tmp_path: Path) -> None:
+    local, ray = tmp_path / "local", tmp_path / "ray"
+    assert main(["run", suite, "--out", str(local)]) == 0
+    assert main(["run", suite, "--out", str(ray), "--executor", "ray", "--workers", "2"]) == 0
+    assert_same(comparable(local / "results.json"), comparable(ray / "results.json"))
+
+
+def test_ray_gives_the_in_process_results_on_smoke(ray_session, tmp_path):
+    _same_as_in_process("smoke", tmp_path)
+
+
+@pytest.mark.heavy
+def test_ray_gives_the_in_process_results_on_default(ray_session, tmp_path):
+    _same_as_in_process("default", tmp_path)
+
+
+def test_process_pool_and_ray_agree_on_a_grid(ray_session, grid, tmp_path):
+    """Many groups in flight at once: every executor stores the same rows, one run id per group."""
+    outs = {kind: tmp_path / kind for kind in ("local", "process", "ray")}
+    for kind, out in outs.items():
+        summary = run_suite(load_suite(str(grid)), out, executor=kind, workers=None if kind == "local" else 2)
+        assert (summary.ok + summary.blocked, summary.failed) == (SEEDS * 4, 0), summary.failures
+        main(["leaderboard", "--out", str(out)])
+    first = comparable(outs["local"] / "results.json")
+    for kind in ("process", "ray"):
+        assert_same(first, comparable(outs[kind] / "results.json"))
+    runs = {}
+    for rec in _records(outs["ray"]).values():
+        runs.setdefault((rec["scenario"], rec["defense"]), set()).add(rec["environment"]["run_id"])
+    assert len(runs) == SEEDS * 2 and all(len(ids) == 1 for ids in runs.values())
+
+
+def _records(out: Path) -> dict[str, dict]:
+    store = Store(out / "leakbench.sqlite")
+    try:
+        return {r["cell_id"]: r for r in store.records()}
+    finally:
+        store.close()
+
+
+def test_a_killed_ray_run_resumes_without_recomputing_finished_cells(ray_session, grid, tmp_path):
+    out = tmp_path / "out"
+    address = ray_session.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen([sys.executable, "-m", "bench", "run", str(grid), "--out", str(out), "--executor",
+                               "ray", "--workers", "2", "--ray-address", address], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 180
+    while not ((out / "leakbench.sqlite").exists() and _records(out)):
+        assert driver.poll() is None and time.time() < deadline, driver.communicate()[1][-2000:]
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)          # the driver dies with groups in flight
+    driver.wait()
+    before = _records(out)
+    groups: dict[tuple, list] = {}
+    for rec in before.values():
+        groups.setdefault((rec["scenario"], rec["defense"]), []).append(rec)
+    whole = {r["cell_id"] for recs in groups.values() if len(recs) == 2 for r in recs}
+    assert whole and len(before) < SEEDS * 4, f"{len(before)} cells stored when the driver was killed"
+
+    summary = run_suite(load_suite(str(grid)), out, executor="ray", workers=2)
+    assert summary.skipped == len(whole) and summary.failed == 0
+    assert summary.ok + summary.blocked == SEEDS * 4 - len(whole)   # only the rest ran
+    after = _records(out)
+    assert len(after) == SEEDS * 4
+    for cell_id in whole:                                           # finished cells untouched
+        assert after[cell_id]["environment"]["run_id"] == before[cell_id]["environment"]["run_id"]
+        assert after[cell_id]["metrics"] == before[cell_id]["metrics"]
+    for cell_id in set(after) - whole:
+        assert after[cell_id]["environment"]["run_id"] != before.get(cell_id, {}).get("environment", {}).get("run_id")
+
+
+def _crash(cells, data_root, run_id, on_round=None):
+    """A worker that dies mid-task."""
+    os._exit(3)
+
+
+@pytest.mark.parametrize("kind", ["process", "ray"])
+def test_a_dead_worker_is_recorded_as_failed_cells(ray_session, kind, grid, tmp_path):
+    pool = ProcessExecutor(2, fn=_crash) if kind == "process" else RayExecutor(2, fn=_crash)
+    try:
+        summary = run_suite(load_suite(str(grid)), tmp_path, executor=pool, only="tiny-0/plaintext")
+    finally:
+        pool.close()
+    assert summary.failed == 2 and summary.ok == 0
+    reasons = {reason for _, reason in summary.failures}
+    assert len(reasons) == 1 and "\n" not in reasons.pop()
+    assert {r["status"] for r in _records(tmp_path).values()} == {"failed"}
+
+
+def test_records_from_other_code_are_refused(grid, tmp_path):
+    def elsewhere(cells, data_root, run_id, on_round=None):
+        from bench.executors import compute
+        records = compute(cells, data_root, run_id)
+        for rec in records:
+            rec["environment"]["fingerprint"] = "0ther0code"
+        return records
+
+    summary = run_suite(load_suite(str(grid)), tmp_path, executor=LocalExecutor(fn=elsewhere), only="tiny-0/plaintext")
+    assert summary.failed == 2
+    assert all("computed by other code (fingerprint 0ther0code" in reason for _, reason in summary.failures)
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "cannot reach 127.0.0.1:1"),
+    (["--executor", "ray", "--ray-address", "headnode"], "is not HOST:PORT"),
+    (["--ray-address", "127.0.0.1:6379"], "did you mean --executor ray"),
+    (["--executor", "local", "--workers", "2"], "--executor process or ray"),
+])
+def test_bad_executor_options_exit_2_in_one_line(args, expect, tmp_path, capsys):
+    start = time.perf_counter()
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expect in err and len(err.splitlines()) == 1, err
+    assert time.perf_counter() - start < 30 and not (tmp_path / "o").exists()
+
+
+def test_ray_missing_names_the_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)                   # `import ray` raises ImportError
+    assert main(["run", "smoke", "--out", str(tmp_path), "--executor", "ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'leakbench[ray]'" in err, err
