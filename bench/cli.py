@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                           "of --workers processes; the default for more), ray (one task per group; needs "
                           "pip install 'leakbench[ray]')")
     run.add_argument("--ray-address", metavar="HOST:PORT", default=None,
-                     help="an existing Ray cluster (HOST:PORT, ray://HOST:PORT or auto) instead of a local Ray; "
+                     help="an existing Ray cluster (HOST:PORT of its head, or auto) instead of a local Ray; "
                           "its nodes must see the data root at the same path (or set LEAKBENCH_DATA there) and "
                           "run this leakbench version")
     run.add_argument("--device", default="cpu", help="auto | cpu | cuda: where training and optimization attacks run")

@@ -59,6 +59,7 @@ def compute(cells: list, data_root: str | None, run_id: str,
 
 
 def _ray_compute(fn: Callable, cells: list, data_root: str | None, run_id: str) -> list[dict[str, Any]]:
+    """The Ray task: the driver's data root, or this node's $LEAKBENCH_DATA where that path is absent."""
     if data_root is not None and not Path(data_root).is_dir() and os.environ.get("LEAKBENCH_DATA"):
         data_root = os.environ["LEAKBENCH_DATA"]   # this node keeps the data elsewhere
     return fn(cells, data_root, run_id)
@@ -118,7 +119,8 @@ class ProcessExecutor:
 
 
 class RayExecutor:
-    """One Ray task per job; joins a Ray already initialized in this process and leaves it running."""
+    """One Ray task per job. Joins a Ray already initialized in this process (whatever its address) and
+    leaves it running; a task whose worker dies is retried once (a group's records are deterministic)."""
 
     def __init__(self, workers: int | None = None, address: str | None = None, fn: Callable = compute):
         check_options("ray", workers, address)
@@ -128,7 +130,8 @@ class RayExecutor:
         self._owner = not ray.is_initialized()
         if self._owner:
             try:
-                ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
+                local = address in (None, "local")
+                ray.init(address=address, num_cpus=workers if local else None, include_dashboard=False,
                          log_to_driver=bool(os.environ.get("LEAKBENCH_TRACEBACK")), logging_level=logging.ERROR)
             except (ConnectionError, ValueError, RuntimeError) as err:
                 where = f"--ray-address {address}" if address else "a local Ray"
@@ -180,8 +183,7 @@ def check_address(address: str) -> None:
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ExecutorError(f"--ray-address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379, ray://head:10001, "
-                            "or auto)")
+        raise ExecutorError(f"--ray-address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379) or auto")
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as err:
