@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import multiprocessing as mp
 import os
 import socket
 from dataclasses import dataclass, field
@@ -94,16 +95,24 @@ def _share_cores(threads: int) -> None:
 
 class ProcessExecutor:
     """A pool of worker processes on this machine, each with its share of the cores for torch (Ray
-    does the same for its tasks), so that workers do not oversubscribe them."""
+    does the same for its tasks), so that workers do not oversubscribe them. Workers are spawned, not
+    forked: a fork inherits torch's and TenSEAL's thread pools dead (a driver that already ran a
+    CKKS defense in process crashed its forked workers)."""
 
     def __init__(self, workers: int, fn: Callable = compute):
         self.slots, self._fn = workers, fn
         threads = max(1, (os.cpu_count() or 1) // workers)
-        self._pool = cf.ProcessPoolExecutor(max_workers=workers, initializer=_share_cores, initargs=(threads,))
+        self._pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                            initializer=_share_cores, initargs=(threads,))
         self._futures: dict[cf.Future, Job] = {}
 
     def submit(self, job: Job) -> None:
-        self._futures[self._pool.submit(self._fn, job.cells, job.data_root, job.run_id)] = job
+        try:
+            fut = self._pool.submit(self._fn, job.cells, job.data_root, job.run_id)
+        except Exception as err:   # a pool broken by an earlier dead worker takes nothing more
+            fut = cf.Future()
+            fut.set_exception(err)
+        self._futures[fut] = job
 
     def wait(self, timeout: float) -> list[Finished]:
         done, _ = cf.wait(self._futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)

@@ -3,7 +3,7 @@
 Run with `pytest tests/benchmarks/test_bench_executors.py -m heavy` (CI: `-m heavy -k smoke`). All
 three runs happen in one test, one after the other, each into a fresh --out, with one torch thread
 per worker (the 1-worker run too), so the ratio measures groups running side by side. The Ray run
-includes starting a local Ray. Target on the `default` suite: >= 1.7x on 2 cores; the smoke
+includes starting a local Ray. The three runs' results.json must agree apart from timing metrics. Target on the `default` suite: >= 1.7x on 2 cores; the smoke
 variant (one group) only proves the path works and records its numbers.
 """
 from __future__ import annotations
@@ -14,8 +14,10 @@ import time
 import pytest
 import torch
 
+from bench.cli import main
 from bench.runner import run_suite
 from bench.spec import load_suite
+from tests.test_reproducible import assert_same, comparable
 
 POOLS = ("process", "ray")
 
@@ -39,6 +41,12 @@ def _measure(benchmark, suite: str, tmp_path) -> dict[str, float]:
                                             kwargs={"executor": POOLS[-1], "workers": 2}, rounds=1, iterations=1)
     finally:
         torch.set_num_threads(threads)
+    for kind in POOLS:   # and the same results, apart from timing metrics
+        assert main(["leaderboard", "--out", str(tmp_path / kind)]) == 0
+    assert main(["leaderboard", "--out", str(tmp_path / "local")]) == 0
+    first = comparable(tmp_path / "local" / "results.json")
+    for kind in POOLS:
+        assert_same(first, comparable(tmp_path / kind / "results.json"))
     ratios = {kind: one / seconds for kind, seconds in two.items()}
     benchmark.extra_info.update({"suite": suite, "cpus": os.cpu_count(), "one_worker_s": one,
                                  **{f"{k}_2_workers_s": v for k, v in two.items()},
