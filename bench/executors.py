@@ -10,10 +10,11 @@ could not run) comes back as the exception, and the runner records it as failed 
 - `ray`: one Ray task per group, on a local Ray started here (num_cpus = workers when given) or
   on an existing cluster (`address`); at most `workers` groups in flight, else one per CPU.
 
-The data root travels as a job argument (resolved on the driver). Every Ray node must see the
-same path (a shared file system); a node where that path does not exist falls back to its own
-$LEAKBENCH_DATA. Worker code must be the driver's: the runner rejects records whose code
-fingerprint differs.
+The data root travels as a job argument (resolved on the driver), and so do the settings a run
+keeps in its environment (--device; the HE pool size, 1 in a Ray task unless the driver sets one).
+Every Ray node must see the data root at the same path (a shared file system); a node where that
+path does not exist falls back to its own $LEAKBENCH_DATA. Worker code must be the driver's: the
+runner rejects records whose code fingerprint differs.
 """
 from __future__ import annotations
 
@@ -59,11 +60,21 @@ def compute(cells: list, data_root: str | None, run_id: str,
     return list(run_group(cells, data_root, run_id, on_round))
 
 
-def _ray_compute(fn: Callable, cells: list, data_root: str | None, run_id: str) -> list[dict[str, Any]]:
-    """The Ray task: the driver's data root, or this node's $LEAKBENCH_DATA where that path is absent."""
+def _ray_compute(fn: Callable, cells: list, data_root: str | None, run_id: str,
+                 env: dict[str, str]) -> list[dict[str, Any]]:
+    """The Ray task, with the driver's settings, and its data root or this node's $LEAKBENCH_DATA where
+    that path is absent."""
+    os.environ.update(env)
     if data_root is not None and not Path(data_root).is_dir() and os.environ.get("LEAKBENCH_DATA"):
         data_root = os.environ["LEAKBENCH_DATA"]   # this node keeps the data elsewhere
     return fn(cells, data_root, run_id)
+
+
+def _driver_env() -> dict[str, str]:
+    """Settings a run keeps in its environment, all of them sent (a Ray worker serves many jobs): the
+    device, and the HE pool size, 1 unless set (a task holds one CPU; bench/crypto/parallel.py)."""
+    return {"LEAKBENCH_DEVICE": os.environ.get("LEAKBENCH_DEVICE") or "cpu",
+            "LEAKBENCH_HE_WORKERS": os.environ.get("LEAKBENCH_HE_WORKERS") or "1"}
 
 
 class LocalExecutor:
@@ -147,9 +158,10 @@ class RayExecutor:
                 raise ExecutorError(f"cannot start {where}: {_first_line(err)}") from None
         self.slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._task = ray.remote(num_cpus=1, max_retries=1)(_ray_compute)
+        self._env = _driver_env()
 
     def submit(self, job: Job) -> None:
-        self._refs[self._task.remote(self._fn, job.cells, job.data_root, job.run_id)] = job
+        self._refs[self._task.remote(self._fn, job.cells, job.data_root, job.run_id, self._env)] = job
 
     def wait(self, timeout: float) -> list[Finished]:
         ray = self._ray

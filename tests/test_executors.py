@@ -51,6 +51,7 @@ name = "random-guess"
 def ray_session():
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])   # workers cannot import this test file
     yield ray
     ray.shutdown()
 
@@ -149,8 +150,26 @@ def test_a_dead_worker_is_recorded_as_failed_cells(ray_session, kind, grid, tmp_
         pool.close()
     assert summary.failed == 2 and summary.ok == 0
     reasons = {reason for _, reason in summary.failures}
-    assert len(reasons) == 1 and "\n" not in reasons.pop()
+    assert len(reasons) == 1 and "\n" not in (reason := reasons.pop())
+    assert reason.startswith("WorkerCrashedError:" if kind == "ray" else "BrokenProcessPool:"), reason
     assert {r["status"] for r in _records(tmp_path).values()} == {"failed"}
+
+
+def _settings(cells, data_root, run_id, on_round=None):
+    raise RuntimeError(f"device={os.environ.get('LEAKBENCH_DEVICE')} he={os.environ.get('LEAKBENCH_HE_WORKERS')} "
+                       f"root={data_root}")
+
+
+def test_ray_tasks_get_the_driver_settings_and_data_root(ray_session, grid, tmp_path, monkeypatch):
+    monkeypatch.setenv("LEAKBENCH_DEVICE", "cpu")
+    monkeypatch.delenv("LEAKBENCH_HE_WORKERS", raising=False)
+    pool = RayExecutor(2, fn=_settings)
+    try:
+        summary = run_suite(load_suite(str(grid)), tmp_path, executor=pool, only="tiny-0/plaintext",
+                            data_root=str(tmp_path))
+    finally:
+        pool.close()
+    assert {reason for _, reason in summary.failures} == {f"RuntimeError: device=cpu he=1 root={tmp_path}"}
 
 
 def test_records_from_other_code_are_refused(grid, tmp_path):

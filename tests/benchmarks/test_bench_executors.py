@@ -3,8 +3,9 @@
 Run with `pytest tests/benchmarks/test_bench_executors.py -m heavy` (CI: `-m heavy -k smoke`). All
 three runs happen in one test, one after the other, each into a fresh --out, with one torch thread
 per worker (the 1-worker run too), so the ratio measures groups running side by side. The Ray run
-includes starting a local Ray. The three runs' results.json must agree apart from timing metrics. Target on the `default` suite: >= 1.7x on 2 cores; the smoke
-variant (one group) only proves the path works and records its numbers.
+includes starting a local Ray. The three runs' results.json must agree apart from timing metrics.
+Target on the `default` suite: >= 1.7x on 2 cores; the smoke variant (one group) only proves the
+path works and records its numbers.
 """
 from __future__ import annotations
 
