@@ -164,7 +164,7 @@ class Dager(Attack):
             transform = None
             if proj.lora_a is not None:
                 a_visible = view.visible[proj.lora_a]
-                if bool(a_visible.all()) and float(state[proj.grad_name].abs().max()) > 0:
+                if bool(a_visible.all()) and float(state[proj.grad_name].detach().abs().max()) > 0:
                     grad, visible = knowledge.gradient(view, proj.lora_a), a_visible   # grad A spans the inputs
                 else:                                  # B = 0: grad A vanishes, grad B spans {A x}
                     transform = state[proj.lora_a].detach().float().to(self.device)
