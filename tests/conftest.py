@@ -11,6 +11,22 @@ TINY_SCENARIO = {"name": "tiny", "dataset": "digits", "model": "mlp", "num_clien
                  "rounds": 1, "max_train": 120, "max_test": 60, "seed": 0}
 
 
+def tiny_scenarios_toml(seeds: int = 3) -> str:
+    """[[scenarios]] tables tiny-0 .. tiny-{seeds-1}: independent groups for the runner's concurrency tests."""
+    return "".join(f"""
+[[scenarios]]
+name = "tiny-{seed}"
+dataset = "digits"
+model = "mlp"
+num_clients = 2
+clients_per_round = 2
+rounds = 1
+max_train = 60
+max_test = 30
+seed = {seed}
+""" for seed in range(seeds))
+
+
 def tiny_suite(defenses, attacks, name: str = "tiny", **scenario):
     """An inline suite: defenses/attacks as names or (name, params) pairs."""
     def tables(items):

@@ -11,22 +11,11 @@ from pathlib import Path
 from bench.claims import Claims
 from bench.runner import run_suite
 from bench.store import Store
-from tests.conftest import TINY_SCENARIO, tiny_suite
+from tests.conftest import TINY_SCENARIO, tiny_scenarios_toml, tiny_suite
 
 SUITE = f"""
 name = "race"
-{''.join(f'''
-[[scenarios]]
-name = "tiny-{seed}"
-dataset = "digits"
-model = "mlp"
-num_clients = 2
-clients_per_round = 2
-rounds = 1
-max_train = 60
-max_test = 30
-seed = {seed}
-''' for seed in range(3))}
+{tiny_scenarios_toml(3)}
 [[defenses]]
 name = "plaintext"
 [[defenses]]

@@ -20,22 +20,12 @@ from bench.executors import LocalExecutor, ProcessExecutor, RayExecutor
 from bench.runner import run_suite
 from bench.spec import load_suite
 from bench.store import Store
+from tests.conftest import tiny_scenarios_toml
 from tests.test_reproducible import assert_same, comparable
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = 3
-SUITE = "".join(f"""
-[[scenarios]]
-name = "tiny-{seed}"
-dataset = "digits"
-model = "mlp"
-num_clients = 2
-clients_per_round = 2
-rounds = 1
-max_train = 60
-max_test = 30
-seed = {seed}
-""" for seed in range(SEEDS)) + """
+SUITE = tiny_scenarios_toml(SEEDS) + """
 [[defenses]]
 name = "plaintext"
 [[defenses]]
