@@ -62,11 +62,23 @@ def swap_order(n: int, order: list[int]) -> np.ndarray:
     return np.array([j for j in range(n) if j not in chosen] + list(reversed(order)), dtype=int)
 
 
+def svd(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD; LAPACK's divide-and-conquer (gesdd) can fail to converge on valid ill-conditioned
+    matrices, so then the slower QR-iteration driver (gesvd) decides."""
+    if not np.isfinite(w).all():
+        raise ValueError("the LoRA update holds NaN or inf values (training diverged); lower lr")
+    try:
+        return np.linalg.svd(w, full_matrices=False)
+    except np.linalg.LinAlgError:
+        import scipy.linalg
+        return scipy.linalg.svd(w, full_matrices=False, lapack_driver="gesvd")
+
+
 def low_rank(b: np.ndarray, a: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """Best rank-`rank` factors of B A from thin QRs of both factors (section 3.4's client-side SVD)."""
     qb, rb = np.linalg.qr(b)
     qa, ra = np.linalg.qr(a.T)
-    u, s, vt = np.linalg.svd(rb @ ra.T)
+    u, s, vt = svd(rb @ ra.T)
     root = np.sqrt(s[:rank])
     return (qb @ u[:, :rank]) * root, (root[:, None] * vt[:rank]) @ qa.T
 
@@ -75,7 +87,7 @@ def svd_factors(w: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """U sqrt(S) and sqrt(S) V^T of a matrix, sliced to `rank` (the server's step for the plaintext part)."""
     if w.size == 0:
         return np.zeros((w.shape[0], 0)), np.zeros((0, w.shape[1]))
-    u, s, vt = np.linalg.svd(w, full_matrices=False)
+    u, s, vt = svd(w)
     root = np.sqrt(s[:rank])
     return u[:, :rank] * root, root[:, None] * vt[:rank]
 
