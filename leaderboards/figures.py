@@ -40,7 +40,8 @@ def lookup(rec: dict[str, Any], key: str) -> Any:
 def draw(spec: dict[str, Any], records: list[dict[str, Any]], path: Path) -> bool:
     rows = []
     for rec in records:
-        if rec["status"] != "ok" or any(spec.get(k) and rec[k] != spec[k] for k in ("attack", "scenario", "defense")):
+        # run-level metrics (costs, KDE MI) are measured on blocked cells too; a missing y drops the row below
+        if rec["status"] == "failed" or any(spec.get(k) and rec[k] != spec[k] for k in ("attack", "scenario", "defense")):
             continue
         if any(lookup(rec, k) != v for k, v in spec.get("where", {}).items()):
             continue
