@@ -66,7 +66,8 @@ def test_visible_block_keeps_only_fully_visible_rows_or_columns():
 
 
 def test_decoder_matching_and_rouge_metrics(data_root):
-    from bench.datasets import encode, get_tokenizer, resolve_data_root
+    from bench.datasets import resolve_data_root
+    from bench.text_datasets import encode, get_tokenizer
     tok = get_tokenizer(resolve_data_root(data_root))
     refs = ["a gripping film", "dull and slow"]
     x = encode(tok, refs, 8)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bench import datasets as ds
+from bench import text_datasets
 from bench.datasets import DATA_ENV, DataError, Dataset, load_dataset, resolve_data_root
 from bench.models import build_model, classifier_head, update_names
 from bench.partition import partition
@@ -24,8 +25,8 @@ def image_data(shape, n=4, classes=10) -> Dataset:
 
 
 def text_data(seq_len=16) -> Dataset:
-    tok = ds.get_tokenizer(None)   # ByT5: byte-level, needs no files
-    x = ds.encode(tok, ["a short one", "a somewhat longer sentence to truncate"], seq_len)
+    tok = text_datasets.get_tokenizer(None)   # ByT5: byte-level, needs no files
+    x = text_datasets.encode(tok, ["a short one", "a somewhat longer sentence to truncate"], seq_len)
     y = torch.tensor([0, 1])
     return Dataset("tiny-text", "causal-lm", x, y, x, y, 2, (seq_len,), vocab_size=len(tok),
                    pad_id=tok.pad_token_id, tokenizer=tok)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from abc import abstractmethod
 
 import numpy as np
 import torch
@@ -43,8 +44,9 @@ class ModelMIA(Attack):
         scores = np.asarray(scores, dtype=np.float64)
         return Reconstruction(scores=scores, extra={"details": {"attack_details": details}})
 
+    @abstractmethod
     def score(self, knowledge: Knowledge, seed: int) -> tuple[np.ndarray, dict]:
-        raise NotImplementedError
+        """(one "higher = member" score per candidate, details): each membership attack's own signal."""
 
 
 @torch.no_grad()
