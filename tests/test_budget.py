@@ -4,7 +4,7 @@ import os
 import pytest
 
 import defenses.shelora  # noqa: F401  (registers she-lora)
-from bench.budget import apply_budget, parse_label
+from bench.budget import _reference_bytes, apply_budget, parse_label
 from bench.datasets import load_dataset
 from bench.federation import run_federation
 from bench.registry import DEFENSES
@@ -36,7 +36,8 @@ def test_matched_maskcrypt_pays_the_reference_ciphertext_bytes(root, ratio):
     defense = DEFENSES.get("maskcrypt")(match_bytes="she-lora(budget=0.02)", bytes_ratio=ratio)
     target = apply_budget(defense, SCENARIO, root)
     reference = run_federation(SCENARIO, data, DEFENSES.get("she-lora")(budget=0.02)).metrics["ciphertext_bytes"]
-    assert target == pytest.approx(ratio * reference, rel=1e-3)      # serialized sizes vary by a few bytes
+    assert target == ratio * _reference_bytes(SCENARIO, "she-lora(budget=0.02)", root)   # the cached reference
+    assert target == pytest.approx(ratio * reference, rel=1e-2)   # an independent run: SEAL's compressed sizes vary
     got = run_federation(SCENARIO, data, defense).metrics["ciphertext_bytes"]
     assert abs(got - target) <= 0.5 * defense.per_ciphertext * 1.01    # the nearest whole number of ciphertexts
     assert defense.rho == pytest.approx(defense.matched_cap / sum(defense.sizes))
