@@ -9,6 +9,13 @@ first round) grad A is zero, or pure noise under a noise defense, and we read gr
 = G (A X)^T, whose rows lie in the span of {A x_t}: candidates are then mapped through the known
 A. The choice follows the global B the server sent, never the (possibly noised) upload. Either
 way the span test needs r > the number of tokens.
+
+Decoders are causal, so extending a prefix by one token leaves the layer-2 inputs of the
+earlier positions unchanged, and block 0's keys and values at a position depend on that
+position's token alone. `next_layer2_inputs` therefore runs block 0 for the new position only,
+attending over the prefix's cached keys and values: one token's work per extension instead
+of the whole prefix's. It calls the block's own modules (LoRA wrappers included) and is
+checked against the full forward (`layer_inputs`) in the tests.
 """
 from __future__ import annotations
 
@@ -78,6 +85,37 @@ class Arch:
 
     def vocab_size(self) -> int:
         return (self.core.wte if self.kind == "decoder" else self.core.embeddings.word_embeddings).weight.shape[0]
+
+    # -- layer 2, decoders: one new position at a time over cached block-0 keys and values ------------
+    @torch.no_grad()
+    def token_kv(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, ...]:
+        """Block 0 at `position` for tokens (k,): embeddings (k, d) and per-head q, k, v (k, heads, d / heads)."""
+        block = self.core.h[0]
+        emb = self.core.wte.weight[tokens] + self.core.wpe.weight[position]
+        q, k, v = block.attn.c_attn(block.ln_1(emb)).split(emb.shape[-1], dim=-1)
+        heads = block.attn.num_heads
+        return (emb,) + tuple(t.reshape(len(tokens), heads, -1) for t in (q, k, v))
+
+    @torch.no_grad()
+    def next_layer2_inputs(self, keys: torch.Tensor, values: torch.Tensor, step: tuple[torch.Tensor, ...],
+                           chunk: int = 4096) -> torch.Tensor:
+        """Layer-2 inputs (n, k, d) at the next position of n prefixes (keys, values: (n, p, heads, d / heads))
+        each extended by each of k candidate tokens (`step` = token_kv of the candidates at that position)."""
+        block = self.core.h[0]
+        emb, q, k, v = step
+        scale = q.shape[-1] ** -0.5 if block.attn.scale_attn_weights else 1.0
+        per = max(1, chunk // max(1, len(emb)))
+        out = []
+        for s in range(0, len(keys), per):
+            kp, vp = keys[s:s + per], values[s:s + per]
+            logits = torch.cat([torch.einsum("khd,nphd->nkhp", q, kp),
+                                (q * k).sum(-1)[None, :, :, None].expand(len(kp), -1, -1, 1)], -1) * scale
+            w = torch.softmax(logits, dim=-1)
+            attn = torch.einsum("nkhp,nphd->nkhd", w[..., :-1], vp) + w[..., -1:] * v[None]
+            h = emb[None] + block.attn.c_proj(attn.flatten(2))
+            h = h + block.mlp(block.ln_2(h))
+            out.append(self.core.h[1].ln_1(h))
+        return torch.cat(out)
 
     # -- layer 2: inputs of the second layer's projection for whole sequences ---------------------
     @torch.no_grad()

@@ -56,51 +56,85 @@ def _similar(a: list[int], b: list[int], frac: float) -> bool:
     return sum(x == y for x, y in zip(a, b)) >= frac * n
 
 
-def _best_distinct(seqs: list[list[int]], scores: list[float], k: int, frac: float) -> list[Sentence]:
-    out: list[Sentence] = []
-    for i in sorted(range(len(seqs)), key=lambda j: scores[j]):
+def _best_distinct_ids(rows, scores: list[float], k: int, frac: float) -> list[int]:
+    """Indices of the k best-scoring rows (lowest first) of which no two share >= frac of their tokens;
+    rows is indexable by position, returning token lists, and is only read for the rows examined."""
+    out: list[int] = []
+    kept: list[list[int]] = []
+    for i in sorted(range(len(scores)), key=lambda j: scores[j]):
         if len(out) == k:
             break
-        if not any(_similar(seqs[i], s, frac) for s, _ in out):
-            out.append((seqs[i], scores[i]))
+        row = rows[i]
+        if not any(_similar(row, s, frac) for s in kept):
+            out.append(i)
+            kept.append(row)
     return out
+
+
+def _best_distinct(seqs: list[list[int]], scores: list[float], k: int, frac: float) -> list[Sentence]:
+    return [(seqs[i], scores[i]) for i in _best_distinct_ids(seqs, scores, k, frac)]
 
 
 def decoder_search(arch: Arch, span: Span, tokens: list[list[int]], batch_size: int, l2: float,
                    distinct: float = 0.7, max_prefixes: int = 20000) -> tuple[list[Sentence], list[Sentence]]:
-    """(finished sentences that passed every check, approximate fall-backs)."""
+    """(finished sentences that passed every check, approximate fall-backs).
+
+    A prefix is `good` while every position so far passed (fall-backs are not); `total` is the sum of
+    its layer-2 distances, so a sentence's score is their mean. Only the new position is computed per
+    extension (Arch.next_layer2_inputs); the earlier ones are the prefix's, unchanged under causality."""
     if not tokens or not tokens[0]:
         return [], []
-    prefixes = torch.tensor(tokens[0]).unsqueeze(1)
-    good = torch.ones(len(prefixes), dtype=torch.bool)         # False: carried as approximate
-    scores = _scores(arch, span, prefixes).mean(1)
+    dev = arch.core.wte.weight.device
+    first = torch.tensor(tokens[0], device=dev)
+    emb, q, k, v = arch.token_kv(first, 0)
+    empty = k.new_zeros((1, 0) + k.shape[1:])
+    dist = span.distance(arch.next_layer2_inputs(empty, empty, (emb, q, k, v)))[0]
+    prefixes, keys, values = first.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    total = dist
+    passed = dist < l2                # every position so far within l2
+    good = torch.ones(len(prefixes), dtype=torch.bool, device=dev)
     exact: list[Sentence] = []
     approx: list[Sentence] = []
     for p in range(1, len(tokens)):
-        cand = torch.tensor(tokens[p])
-        if len(cand) == 0:
+        if not tokens[p]:
             break
-        n, k = len(prefixes), len(cand)
-        ext = torch.cat([prefixes.repeat_interleave(k, 0), cand.repeat(n).unsqueeze(1)], 1)
-        dist = _scores(arch, span, ext)
-        ok = (dist < l2).all(1) & good.repeat_interleave(k)
-        mean = dist.mean(1)
-        dead = ~ok.view(n, k).any(1)
+        cand = torch.tensor(tokens[p], device=dev)
+        n, kc = len(prefixes), len(cand)
+        step = arch.token_kv(cand, p)
+        dist = span.distance(arch.next_layer2_inputs(keys, values, step)).flatten()   # (n * kc,)
+        parent = torch.arange(n, device=dev).repeat_interleave(kc)
+        child = torch.arange(kc, device=dev).repeat(n)
+        ok = (dist < l2) & (passed & good)[parent]
+        sums = total[parent] + dist
+        mean = sums / (p + 1)
+        dead = ~ok.view(n, kc).any(1)
         for i in torch.nonzero(dead & good).flatten().tolist():
-            exact.append((prefixes[i].tolist(), float(scores[i])))
-        bad_ids = torch.nonzero(~ok).flatten()
-        fall = _best_distinct([ext[i].tolist() for i in bad_ids.tolist()], mean[bad_ids].tolist(), batch_size,
-                              distinct)
-        approx += fall
-        keep = torch.nonzero(ok).flatten()[:max_prefixes]
-        prefixes = torch.cat([ext[keep]] + ([torch.tensor([s for s, _ in fall])] if fall else []))
-        scores = torch.cat([mean[keep], torch.tensor([sc for _, sc in fall])])
-        good = torch.cat([torch.ones(len(keep), dtype=torch.bool), torch.zeros(len(fall), dtype=torch.bool)])
+            exact.append((prefixes[i].tolist(), float(total[i]) / p))
+        bad = torch.nonzero(~ok).flatten()
+        ext = lambda ids: torch.cat([prefixes[parent[ids]], cand[child[ids]].unsqueeze(1)], 1)   # noqa: E731
+        fall = bad[_best_distinct_ids(_LazyRows(ext, bad), mean[bad].tolist(), batch_size, distinct)]
+        approx += [(s, float(sc)) for s, sc in zip(ext(fall).tolist(), mean[fall].tolist())]
+        take = torch.cat([torch.nonzero(ok).flatten()[:max_prefixes], fall])
+        prefixes = ext(take)
+        keys = torch.cat([keys[parent[take]], step[2][child[take]].unsqueeze(1)], 1)
+        values = torch.cat([values[parent[take]], step[3][child[take]].unsqueeze(1)], 1)
+        total, passed = sums[take], torch.ones(len(take), dtype=torch.bool, device=dev)
+        good = torch.arange(len(take), device=dev) < len(take) - len(fall)
         if len(prefixes) == 0:
             break
     for i in range(len(prefixes)):
-        (exact if good[i] else approx).append((prefixes[i].tolist(), float(scores[i])))
+        (exact if good[i] else approx).append((prefixes[i].tolist(), float(total[i]) / prefixes.shape[1]))
     return exact, approx
+
+
+class _LazyRows:
+    """Rows of the extensions `bad` (built one at a time), for _best_distinct_ids."""
+
+    def __init__(self, ext, ids: torch.Tensor):
+        self.ext, self.ids = ext, ids
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.ext(self.ids[i:i + 1])[0].tolist()
 
 
 def encoder_search(arch: Arch, span: Span, tokens: list[list[int]], ends: list[int], start: int, end: int,

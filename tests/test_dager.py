@@ -65,6 +65,30 @@ def test_visible_block_keeps_only_fully_visible_rows_or_columns():
     assert coords.tolist() == [0, 1] and block.shape == (4, 2)
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_cached_decoder_step_equals_the_full_forward(lora):
+    """The one-position block-0 step over cached keys and values gives the full forward's layer-2 inputs."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from attacks.dager_arch import Arch
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)).eval()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True))
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.5)     # B = 0 would hide a wrong LoRA path
+    arch = Arch(model, pad_id=0)
+    prefixes, cand = torch.randint(1, 50, (3, 5)), torch.tensor([7, 11, 42, 3])
+    keys, values = zip(*[arch.token_kv(prefixes[:, p], p)[2:] for p in range(5)])
+    got = arch.next_layer2_inputs(torch.stack(keys, 1), torch.stack(values, 1), arch.token_kv(cand, 5), chunk=5)
+    full = torch.cat([prefixes.repeat_interleave(4, 0), cand.repeat(3).unsqueeze(1)], 1)
+    want = arch.layer_inputs(full)[:, -1].view(3, 4, -1)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(arch.layer_inputs(full[:1, :3])[0], arch.layer_inputs(full[:1])[0, :3], atol=1e-6)
+
+
 def test_decoder_matching_and_rouge_metrics(data_root):
     from bench.datasets import resolve_data_root
     from bench.text_datasets import encode, get_tokenizer
