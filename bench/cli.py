@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Bad input, reported in one line with exit status 2 (imported late: `list` must not load torch)."""
     from bench.datasets import DataError
-    from bench.spec import SpecError
+    from bench.scenario import SpecError
     from bench.store import StoreError
 
     return (SpecError, StoreError, DataError, UnknownName, FileNotFoundError, ValueError)

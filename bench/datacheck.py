@@ -163,7 +163,7 @@ def check_dataset(name: str, root: Path | None) -> DataInfo:
 
 def check_suite_data(suite, data_root) -> None:
     """Every scenario's data present and intact, and its attack setting within a client's share."""
-    from bench.spec import SpecError
+    from bench.scenario import SpecError
 
     root = resolve_data_root(data_root)
     infos: dict[str, DataInfo] = {}

@@ -24,7 +24,7 @@ from bench.defense import Defense, Party
 from bench.models import build_model, classifier_head, update_names
 from bench.partition import partition
 from bench.pretrain import pretrain, split_public
-from bench.spec import Scenario
+from bench.scenario import Scenario
 from bench.tasks import TASKS
 from bench.view import Knowledge, ServerView
 from bench.wire import Message, Payload, Traffic, Upload

@@ -188,7 +188,7 @@ def preflight(suite: Suite, data_root: str | None) -> None:
     from bench.datasets import load_dataset, resolve_data_root
     from bench.models import build_model
     from bench.registry import DATASETS
-    from bench.spec import SpecError
+    from bench.scenario import SpecError
 
     root = resolve_data_root(data_root)
     seen = set()

@@ -2,7 +2,8 @@
 import pytest
 
 from bench.devices import CATALOGS, assign
-from bench.spec import Scenario, SpecError, parse_suite
+from bench.scenario import Scenario, SpecError
+from bench.spec import parse_suite
 
 
 def scenario(**kw):

@@ -14,7 +14,8 @@ from bench.models import build_model, classifier_head, update_names
 from bench.pretrain import pretrain
 from bench.registry import ATTACKS, METRICS
 from bench.runner import federate, run_group
-from bench.spec import Scenario, parse_suite
+from bench.scenario import Scenario
+from bench.spec import parse_suite
 from bench.tasks import TASKS
 from bench.view import hidden_leak_free
 from bench.wire import Upload

@@ -18,7 +18,7 @@ from bench.defense import Defense
 from bench.federation import build_federation, run_federation
 from bench.privacy import RdpLedger, noise_for_epsilon
 from bench.registry import DEFENSES, METRICS
-from bench.spec import Scenario
+from bench.scenario import Scenario
 from bench.wire import CipherPart, Payload, Upload
 from defenses.dp import DPFedAvg, DPFedAvgLocal, clip_update
 

@@ -12,7 +12,7 @@ from bench.datasets import load_dataset
 from bench.defense import hybrid_payload
 from bench.federation import build_federation, local_update, run_federation
 from bench.registry import DEFENSES
-from bench.spec import Scenario
+from bench.scenario import Scenario
 from bench.view import ServerView, hidden_leak_free
 from bench.wire import Upload
 

@@ -7,7 +7,7 @@ from opacus.accountants import RDPAccountant
 from bench.datasets import load_dataset
 from bench.federation import run_federation
 from bench.registry import DEFENSES
-from bench.spec import Scenario
+from bench.scenario import Scenario
 
 SC = Scenario(name="ss", dataset="digits", model="mlp", num_clients=4, clients_per_round=4, rounds=1, max_train=400,
               partition="dirichlet", alpha=0.5, attack_batch_size=8)

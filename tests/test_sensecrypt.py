@@ -14,7 +14,7 @@ from bench.datasets import load_dataset
 from bench.devices import Device
 from bench.federation import build_federation, local_update, run_federation
 from bench.registry import DEFENSES, METRICS
-from bench.spec import Scenario
+from bench.scenario import Scenario
 from bench.view import ServerView, hidden_leak_free
 from bench.wire import Upload
 from defenses.sensecrypt import percluster

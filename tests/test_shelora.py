@@ -8,7 +8,7 @@ from bench.datasets import load_dataset
 from bench.devices import Device
 from bench.federation import build_federation, local_update
 from bench.registry import DEFENSES
-from bench.spec import Scenario
+from bench.scenario import Scenario
 from bench.view import ServerView, hidden_leak_free
 from bench.wire import Upload
 from defenses.shelora import lora, negotiation

@@ -1,7 +1,8 @@
 """Suite validation: every fault is one line naming it and the closest valid value."""
 import pytest
 
-from bench.spec import SpecError, parse_suite
+from bench.scenario import SpecError
+from bench.spec import parse_suite
 from tests.conftest import TINY_SCENARIO, tiny_suite
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from bench.datasets import load_dataset
 from bench.federation import build_federation, run_federation
 from bench.registry import DEFENSES
-from bench.spec import Scenario
+from bench.scenario import Scenario
 from bench.view import ServerView, hidden_leak_free
 from bench.wire import LAYOUTS, Message, Payload, PlainPart, Upload
 

@@ -1,0 +1,190 @@
+"""One scenario: the data, model, clients, training and attack setting of a federated run.
+
+`Scenario` validates itself on construction; `build` turns a TOML table into it (or any
+frozen dataclass) with one-line errors naming the field, the fault and the closest valid
+value. Suites (bench/spec.py) are grids of scenarios x defenses x attacks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A suite or scenario file that cannot be run; the message is the one-line fix."""
+
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+MAX_SEED = 2**32 - 1
+
+
+def check_name(kind: str, value: Any) -> str:
+    """Suite and scenario names become file names: 1..64 of [A-Za-z0-9._+-], not starting with '.', no '..'."""
+    if not isinstance(value, str):
+        raise SpecError(f"{kind} name must be a string, got {type(value).__name__} {value!r}")
+    if NAME_RE.fullmatch(value) and ".." not in value:
+        return value
+    near = re.sub(r"\.\.+", ".", re.sub(r"[^A-Za-z0-9._+-]+", "-", value)).strip(".-_+")[:64].strip(".-_+")
+    hint = f"did you mean '{near}'?" if near else "e.g. 'my-suite'"
+    shown = value if len(value) <= 40 else value[:37] + "..."
+    raise SpecError(f"{kind} name {shown!r} is not a safe file name (1-64 of A-Z a-z 0-9 . _ + -, "
+                    f"not starting with '.', no '..'); {hint}")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Data, model, clients, training and the attack setting of one federated run."""
+
+    name: str
+    dataset: str
+    model: str
+    model_params: dict[str, Any] = field(default_factory=dict)
+    num_clients: int = 4
+    clients_per_round: int = 4
+    partition: str = "iid"            # iid | dirichlet | k-classes
+    alpha: float = 0.5                # Dirichlet concentration
+    classes_per_client: int = 2       # for k-classes
+    rounds: int = 2
+    sampling: str = "fixed"           # fixed (clients_per_round each round) | poisson (q = clients_per_round/num_clients)
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.1
+    max_train: int | None = None      # subsample the training set (seeded) to keep runs small
+    max_test: int | None = None
+    seq_len: int = 32                 # text only
+    seed: int = 0
+    public_fraction: float = 0.0      # held out from every client, for a warm start
+    pretrain_epochs: int = 0          # central training on the public split before round one
+    delta: float = 1e-5               # DP delta at which epsilon is reported
+    # attack setting: which upload the honest-but-curious server attacks
+    attack_round: int = 0
+    attack_client: int = 0
+    attack_batch_size: int = 1
+    attack_update: str = "gradient"   # gradient (one FedSGD step, the attack papers' setting) | delta (local training)
+    attack_repeats: int = 1           # independent attacked batches (e.g. 10 images for iDLG)
+    labels_known: bool = False        # threat-model knob: the attacker is told the batch's labels
+    # membership inference (bench/membership.py): candidates and the attacker's auxiliary data
+    mia_size: int = 0                 # members and as many held-out non-members; 0 = no membership evaluation
+    mia_members: str = "all"          # all (the federation's training data) | client (the attacked client's)
+    mia_aux: int = 0                  # auxiliary held-out samples the attacker holds, disjoint from both
+    # devices (bench/devices.py): a catalog, how clients take its types, or one type per client
+    devices: str = "uniform"
+    device_assign: str = "cycle"      # cycle | by-category | mix
+    device_types: list | None = None
+
+    def __post_init__(self) -> None:
+        check_name("scenario", self.name)
+        for key in ("lr", "alpha", "delta", "public_fraction"):
+            if not math.isfinite(getattr(self, key)):
+                raise SpecError(f"scenario '{self.name}': {key} must be finite, got {getattr(self, key)}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise SpecError(f"scenario '{self.name}': seed must be in [0, {MAX_SEED}], got {self.seed}; "
+                            f"did you mean {min(max(self.seed, 0), MAX_SEED)}?")
+        for key in ("max_train", "max_test"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise SpecError(f"scenario '{self.name}': {key} must be >= 1 or left out (whole split), "
+                                f"got {getattr(self, key)}; did you mean 1?")
+        check_choice("partition", self.partition, ("iid", "dirichlet", "k-classes"))
+        check_choice("attack_update", self.attack_update, ("gradient", "delta"))
+        check_choice("sampling", self.sampling, ("fixed", "poisson"))
+        check_choice("mia_members", self.mia_members, ("all", "client"))
+        if self.mia_size < 0 or self.mia_aux < 0:
+            raise SpecError(f"scenario '{self.name}': mia_size and mia_aux must be >= 0")
+        if not 0.0 <= self.public_fraction < 1.0:
+            raise SpecError(f"scenario '{self.name}': public_fraction must be in [0, 1), got {self.public_fraction}")
+        for name in ("num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
+                     "attack_batch_size", "attack_repeats", "seq_len"):
+            if getattr(self, name) < 1:
+                raise SpecError(f"scenario '{self.name}': {name} must be >= 1, got {getattr(self, name)}; "
+                                f"did you mean 1?")
+        if self.clients_per_round > self.num_clients:
+            raise SpecError(f"scenario '{self.name}': clients_per_round ({self.clients_per_round}) exceeds "
+                            f"num_clients ({self.num_clients}); lower it to at most {self.num_clients}")
+        if not 0 <= self.attack_round < self.rounds:
+            raise SpecError(f"scenario '{self.name}': attack_round must be in [0, {self.rounds - 1}], "
+                            f"got {self.attack_round}")
+        if not 0 <= self.attack_client < self.num_clients:
+            raise SpecError(f"scenario '{self.name}': attack_client must be in [0, {self.num_clients - 1}], "
+                            f"got {self.attack_client}")
+        from bench import devices
+        try:
+            devices.check(self.devices, self.device_assign, self.device_types, self.num_clients)
+        except ValueError as err:
+            raise SpecError(f"scenario '{self.name}': {err}") from None
+        for key in ("lr", "alpha"):
+            if getattr(self, key) <= 0:
+                raise SpecError(f"scenario '{self.name}': {key} must be > 0, got {getattr(self, key)}")
+        if not 0 < self.delta < 1:
+            raise SpecError(f"scenario '{self.name}': delta must be in (0, 1), got {self.delta}")
+        if self.pretrain_epochs < 0:
+            raise SpecError(f"scenario '{self.name}': pretrain_epochs must be >= 0, got {self.pretrain_epochs}")
+        if self.classes_per_client < 1:
+            raise SpecError(f"scenario '{self.name}': classes_per_client must be >= 1, "
+                            f"got {self.classes_per_client}; did you mean 1?")
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"choose one of {', '.join(choices)}"
+        raise SpecError(f"{name} '{value}' is not valid; {hint}")
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if origin is dict or annotation is dict:
+        return isinstance(value, dict)
+    if origin is list or annotation is list:
+        return isinstance(value, list)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(annotation, type):
+        return isinstance(value, annotation)
+    return True
+
+
+def build(cls: type, data: dict[str, Any], where: str) -> Any:
+    """Validate a TOML table into a frozen dataclass: unknown keys, bad types, missing fields."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(fields)}"
+            raise SpecError(f"{where}: unknown key '{key}'; {hint}")
+        if not _type_ok(value, hints[key]):
+            expected = getattr(hints[key], "__name__", str(hints[key]))
+            raise SpecError(f"{where}: '{key}' must be {expected}, got {type(value).__name__} {value!r}")
+    missing = [n for n, f in fields.items() if n not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise SpecError(f"{where}: missing required key '{missing[0]}'")
+    value = dict(data)
+    if cls is Scenario:
+        value = {k: (float(v) if hints[k] is float and isinstance(v, int) else v) for k, v in value.items()}
+    try:
+        return cls(**value)
+    except SpecError as err:
+        raise SpecError(f"{where}: {err}") from None
+
+
+def check_model_params(model: str, params: dict[str, Any]) -> None:
+    """Model keyword arguments exist and have their default's type (the first argument is the dataset)."""
+    from bench.configurable import check_kwargs
+    from bench.registry import MODELS
+
+    fn = MODELS.get(model)
+    first = next(iter(__import__("inspect").signature(fn).parameters), None)
+    check_kwargs(fn, params, skip=(first,) if first else ())
