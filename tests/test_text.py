@@ -18,3 +18,15 @@ def test_lora_lm_on_sst2_runs_end_to_end(data_root):
         assert rec["metrics"]["perplexity"] > 1.0
         assert rec["metrics"]["upload_bytes"] > 0
     assert records[1]["metrics"]["encrypted_fraction"] == pytest.approx(1.0)
+
+
+def test_sst2_sentences_are_the_whole_dev_sentences(data_root):
+    """sst2-sentences-cls holds GLUE's 872 dev sentences (split 90/10), not the train split's short phrases."""
+    from bench.datasets import resolve_data_root
+    from bench.registry import DATASETS
+    root = resolve_data_root(data_root)
+    sentences = DATASETS.get("sst2-sentences-cls")(root, 0, 64)
+    phrases = DATASETS.get("sst2-cls")(root, 0, 64, max_train=872)
+    assert len(sentences.train_y) + len(sentences.test_y) == 872 and len(sentences.test_y) == 87
+    mean_tokens = lambda d: float((d.train_x != d.pad_id).sum(1).float().mean())   # noqa: E731
+    assert mean_tokens(sentences) > 20 > 14 > mean_tokens(phrases)
