@@ -101,6 +101,7 @@ def decoder_search(arch: Arch, span: Span, tokens: list[list[int]], batch_size: 
         cand = torch.tensor(tokens[p], device=dev)
         n, kc = len(prefixes), len(cand)
         step = arch.token_kv(cand, p)
+        _, _, cand_keys, cand_values = step
         dist = span.distance(arch.next_layer2_inputs(keys, values, step)).flatten()   # (n * kc,)
         parent = torch.arange(n, device=dev).repeat_interleave(kc)
         child = torch.arange(kc, device=dev).repeat(n)
@@ -116,8 +117,8 @@ def decoder_search(arch: Arch, span: Span, tokens: list[list[int]], batch_size: 
         approx += [(s, float(sc)) for s, sc in zip(ext(fall).tolist(), mean[fall].tolist())]
         take = torch.cat([torch.nonzero(ok).flatten()[:max_prefixes], fall])
         prefixes = ext(take)
-        keys = torch.cat([keys[parent[take]], step[2][child[take]].unsqueeze(1)], 1)
-        values = torch.cat([values[parent[take]], step[3][child[take]].unsqueeze(1)], 1)
+        keys = torch.cat([keys[parent[take]], cand_keys[child[take]].unsqueeze(1)], 1)
+        values = torch.cat([values[parent[take]], cand_values[child[take]].unsqueeze(1)], 1)
         total, passed = sums[take], torch.ones(len(take), dtype=torch.bool, device=dev)
         good = torch.arange(len(take), device=dev) < len(take) - len(fall)
         if len(prefixes) == 0:
