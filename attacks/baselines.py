@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from attacks.inversion import idlg_labels
-from bench.attack import Attack, Reconstruction, head_blocked
+from bench.attack import Attack, Reconstruction, Setting, head_applicable, head_blocked
 from bench.registry import ATTACKS
 from bench.view import Knowledge, ServerView
 
@@ -19,6 +19,9 @@ from bench.view import Knowledge, ServerView
 @ATTACKS.register("idlg-extended", "iDLG-extended label rule: classes with a negative weight-gradient row sum")
 class IDLGExtended(Attack):
     family = "label"
+
+    def applicable(self, setting: Setting) -> str | None:
+        return head_applicable(setting.knowledge, need_bias=False)
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         return head_blocked(view, knowledge, need_bias=False)
@@ -29,13 +32,23 @@ class IDLGExtended(Attack):
         return Reconstruction(label_counts=counts, labels=labels)
 
 
+@ATTACKS.register("no-attack", "no attack: the cell records the run's utility, cost and run-level privacy metrics")
+class NoAttack(Attack):
+    """For suites that measure what a defense costs (bytes, time, accuracy, KDE MI) where no attack applies."""
+
+    family = "reference"
+
+    def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
+        return Reconstruction()
+
+
 @ATTACKS.register("random-guess", "K labels drawn uniformly at random: the floor of the label metrics")
 class RandomGuess(Attack):
     family = "reference"
 
-    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
-        if knowledge.task != "classification":
-            return f"guesses class labels, this scenario is {knowledge.task}"
+    def applicable(self, setting: Setting) -> str | None:
+        if setting.knowledge.task != "classification":
+            return f"guesses class labels, this scenario is {setting.knowledge.task}"
         return None
 
     def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:

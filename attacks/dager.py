@@ -39,7 +39,7 @@ from attacks.dager_noise import noisy_decoder_search, noisy_layer1_tokens
 from attacks.dager_search import assemble, decoder_search, encoder_search, layer1_tokens
 from attacks.dager_span import make_span, rank_of, spectrum
 from bench import compute
-from bench.attack import Attack, Reconstruction
+from bench.attack import Attack, Reconstruction, Setting
 from bench.registry import ATTACKS
 from bench.view import Knowledge, ServerView
 
@@ -89,26 +89,34 @@ class Dager(Attack):
         return "cuda" if self.pinned == "cuda" and torch.cuda.is_available() else compute.device_name()
 
     # -- threat model ----------------------------------------------------------------------------
-    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
-        if view.visible_fraction() == 0.0:
-            return "the server view is empty: every entry is encrypted or kept local"
+    def applicable(self, setting: Setting) -> str | None:
+        knowledge = setting.knowledge
         if knowledge.tokenizer is None or len(knowledge.input_shape) != 1:
             return f"needs tokenized text, this scenario's inputs have shape {knowledge.input_shape}"
-        if not knowledge.knows_global_model():
-            return "the server does not know the current global weights (clients decrypt them)"
         try:
-            arch = Arch(knowledge.build_model(), pad_id=-1)
+            arch = Arch(setting.model, pad_id=-1)
         except ValueError as err:
             return str(err)
         if len(arch.layers) < 2:
             return "needs at least two transformer layers"
-        names = [p.grad_name for p in arch.layers[:2]]
-        if any(n not in view.visible for n in names):
-            return "the first two layers' projections are not trained, so their gradients are not sent"
-        if all(not bool(view.visible[n].any()) for n in names):
-            return "the first two layers' projection gradients are entirely hidden from the server"
+        if any(n not in knowledge.global_params for n in (p.grad_name for p in arch.layers[:2])):
+            return f"the first two layers' projections of model '{knowledge.model_name}' are not trained, so no " \
+                   "gradient of them is ever sent"
         if self.noise_filter and arch.kind == "encoder":
             return "the noise-robust filtering is decoder-only (as in the official code)"
+        return None
+
+    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
+        if view.visible_fraction() == 0.0:
+            return "the server view is empty: every entry is encrypted or kept local"
+        if not knowledge.knows_global_model():
+            return "the server does not know the current global weights (clients decrypt them)"
+        names = [p.grad_name for p in Arch(knowledge.build_model(), pad_id=-1).layers[:2]]
+        if any(n not in view.visible for n in names):
+            return "the defense's model does not train the first two layers' projections, so their gradients are " \
+                   "not sent"
+        if all(not bool(view.visible[n].any()) for n in names):
+            return "the first two layers' projection gradients are entirely hidden from the server"
         return None
 
     # -- the attack --------------------------------------------------------------------------------

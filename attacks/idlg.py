@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from attacks.inversion import GradientInversion, Recipe, idlg_labels
-from bench.attack import Reconstruction, head_blocked
+from bench.attack import Reconstruction, Setting, head_applicable, head_blocked
 from bench.registry import ATTACKS
 from bench.view import Knowledge, ServerView
 
@@ -34,6 +34,11 @@ class IDLG(GradientInversion):
         super().__init__(Recipe(objective="l2", optimizer="lbfgs", steps=steps, lr=1.0, tol=tol), label_strategy,
                          steps=steps, tol=tol, reconstruct=reconstruct)
         self.reconstruct = reconstruct
+
+    def applicable(self, setting: Setting) -> str | None:
+        if self.reconstruct:
+            return super().applicable(setting)
+        return head_applicable(setting.knowledge, need_bias=False)
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         if self.reconstruct:

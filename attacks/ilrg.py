@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bench.attack import Attack, Reconstruction, head_blocked
+from bench.attack import Attack, Reconstruction, Setting, head_applicable, head_blocked
 from bench.registry import ATTACKS
 from bench.view import Knowledge, ServerView
 
@@ -141,6 +141,9 @@ class ILRG(Attack):
         super().__init__(alpha=alpha, estimate=estimate)
         self.alpha, self.estimate = float(alpha), bool(estimate)
 
+    def applicable(self, setting: Setting) -> str | None:
+        return head_applicable(setting.knowledge, need_bias=True)
+
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         """A hidden head does not block: the attack runs on what it sees and scores what it gets."""
         reason = head_blocked(view, knowledge, need_bias=True, need_visible_head=False)
@@ -149,8 +152,6 @@ class ILRG(Attack):
         weight, bias = knowledge.head
         if any(torch.isnan(knowledge.global_params[n]).any() for n in (weight, bias)):
             return "needs the server's copy of the classifier head, but the global head weights are not known to it"
-        if knowledge.batch_size < 1:
-            return "needs the declared batch size"
         return None
 
     def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import compute
-from bench.attack import Attack, Reconstruction
+from bench.attack import Attack, Reconstruction, Setting
 from bench.view import Knowledge, ServerView
 
 LABEL_STRATEGIES = ("auto", "known", "idlg", "optimize")
@@ -95,14 +95,19 @@ def read_labels(source: str, view: ServerView, knowledge: Knowledge) -> list[int
 
 # --------------------------------------------------------------------------------- blocking
 
-def image_blocked(view: ServerView, knowledge: Knowledge) -> str | None:
-    """Why no gradient-inversion attack can run on this view, or None."""
-    if view.visible_fraction() == 0.0:
-        return "the server view is empty: every entry is encrypted or kept local"
+def image_applicable(knowledge: Knowledge) -> str | None:
+    """Why no gradient-inversion attack can run in this scenario (task, inputs), or None."""
     if knowledge.task != "classification":
         return f"needs a classification task, this scenario is {knowledge.task}"
     if len(knowledge.input_shape) != 3:
         return f"image reconstruction needs image inputs, got input shape {knowledge.input_shape}"
+    return None
+
+
+def image_blocked(view: ServerView, knowledge: Knowledge) -> str | None:
+    """Why no gradient-inversion attack can run on this view, or None."""
+    if view.visible_fraction() == 0.0:
+        return "the server view is empty: every entry is encrypted or kept local"
     if not knowledge.knows_global_model():
         return "the server does not know the current global weights (clients decrypt them)"
     model = knowledge.build_model()
@@ -270,6 +275,11 @@ class GradientInversion(Attack):
                           "dlg and inverting-gradients optimize them")
         return source, reason
 
+    def applicable(self, setting: Setting) -> str | None:
+        if self.label_strategy == "known" and not setting.labels_known:
+            return "label_strategy 'known' needs a scenario that grants the attacker the labels (labels_known)"
+        return image_applicable(setting.knowledge)
+
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         return image_blocked(view, knowledge) or self.labels_from(view, knowledge)[1]
 
@@ -288,5 +298,5 @@ class GradientInversion(Attack):
                                      "matched_parameters": len(target.names)})
 
 
-__all__ = ["GradientInversion", "GradientTarget", "Inversion", "Recipe", "idlg_labels", "image_blocked", "invert", "label_source",
+__all__ = ["GradientInversion", "GradientTarget", "Inversion", "Recipe", "idlg_labels", "image_applicable", "image_blocked", "invert", "label_source",
            "read_labels", "total_variation", "LABEL_STRATEGIES"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bench.attack import Attack, Reconstruction
+from bench.attack import Attack, Reconstruction, Setting
 from bench.registry import ATTACKS
 from bench.view import Knowledge, ServerView
 
@@ -86,9 +86,12 @@ def spread(scores: np.ndarray, present: np.ndarray, batch_size: int) -> np.ndarr
 class NegotiationLabels(Attack):
     family = "label"
 
+    def applicable(self, setting: Setting) -> str | None:
+        if setting.knowledge.task != "classification" or not setting.knowledge.head[0]:
+            return f"reads classifier-head rows, this scenario is {setting.knowledge.task}"
+        return None
+
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
-        if knowledge.task != "classification" or not knowledge.head[0]:
-            return f"reads classifier-head rows, this scenario is {knowledge.task}"
         if not view.entry_maps():
             return "nothing per-entry was sent in the clear (no sensitivity vector, mask or proposal in the view)"
         return None

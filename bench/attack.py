@@ -1,8 +1,11 @@
 """The attack contract: a server view and the attacker's declared knowledge in, a reconstruction out.
 
-An attack never sees ground truth. `blocked` returns the reason when the view or the
-knowledge cannot meet the attack's needs; the cell is then recorded as "blocked by
-design", neither a number nor an error.
+An attack never sees ground truth. Two questions keep a configuration gap apart from a protection:
+- `applicable(setting)`, asked when the suite loads: can the attack run in this scenario at all
+  (task, inputs, model layout, membership pool)? A reason there is the suite's fault: one line,
+  exit 2, nothing run.
+- `blocked(view, knowledge)`, asked per run: does the defense's view or protocol prevent it
+  (everything hidden, global weights unknown to the server)? Only then is a cell "blocked by design".
 """
 from __future__ import annotations
 
@@ -15,6 +18,18 @@ import torch
 
 from bench.configurable import Configurable
 from bench.view import Knowledge, ServerView
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a scenario fixes before any defense runs: the server's knowledge of round one (the
+    public model, every entry known; no membership pool yet) and the membership pool's sizes."""
+
+    knowledge: Knowledge
+    mia_size: int | None      # None: the default pool (bench/membership.py), 0: none
+    mia_aux: int
+    labels_known: bool        # the scenario grants the attacker the batch's labels
+    model: torch.nn.Module    # the scenario's public model as built (read it, never train it)
 
 
 @dataclass
@@ -40,8 +55,17 @@ class Attack(Configurable, ABC):
     floors to compare against, never an attack's worst case."""
 
     family: str = ""
+    needs_membership: bool = False   # scores membership candidates: the run draws them (bench/membership.py)
+
+    def applicable(self, setting: Setting) -> str | None:
+        """Why this attack cannot run in this scenario whatever the defense (checked at suite load), or None."""
+        if self.needs_membership and setting.mia_size == 0:
+            return "it scores membership candidates and the scenario sets mia_size = 0; leave mia_size out for the " \
+                   "default pool"
+        return None
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
+        """Why the defense's view or protocol prevents this attack on this upload, or None."""
         return None
 
     @abstractmethod
@@ -49,17 +73,22 @@ class Attack(Configurable, ABC):
         """Reconstruct what the view reveals; only visible entries may be used."""
 
 
-def head_blocked(view: ServerView, knowledge: Knowledge, need_bias: bool = True,
-                 need_visible_head: bool = True) -> str | None:
-    """Shared needs of label attacks: a non-empty view, a classification task, a classifier head
-    (with bias if asked) and, unless the attack can run on what else it sees, some visible head entry."""
-    if view.visible_fraction() == 0.0:
-        return "the server view is empty: every entry is encrypted or kept local"
+def head_applicable(knowledge: Knowledge, need_bias: bool = True) -> str | None:
+    """Shared scenario needs of label attacks: a classification task with a classifier head (with bias if asked)."""
     if knowledge.task != "classification":
         return f"needs a classification task, this scenario is {knowledge.task}"
+    if need_bias and knowledge.head[1] is None:
+        return f"needs a final linear layer with bias, model '{knowledge.model_name}' has none"
+    return None
+
+
+def head_blocked(view: ServerView, knowledge: Knowledge, need_bias: bool = True,
+                 need_visible_head: bool = True) -> str | None:
+    """Shared view needs of label attacks: a non-empty view and, unless the attack can run on what else it
+    sees, some visible head entry."""
+    if view.visible_fraction() == 0.0:
+        return "the server view is empty: every entry is encrypted or kept local"
     weight, bias = knowledge.head
-    if need_bias and bias is None:
-        return "needs a final linear layer with bias"
     names = [weight] + ([bias] if need_bias else [])
     if need_visible_head and all(not view.visible[n].any() for n in names):
         return "the classifier head is entirely hidden from the server"

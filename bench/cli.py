@@ -18,12 +18,19 @@ from bench.registry import UnknownName
 DEFAULT_OUT = "out"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage block): the fault, then where the help is; exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"leakbench: error: {message}; see `{self.prog} --help`\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from bench.version import package_version
 
-    p = argparse.ArgumentParser(prog="leakbench", description="Privacy attacks vs. defenses in federated learning.")
+    p = _Parser(prog="leakbench", description="Privacy attacks vs. defenses in federated learning.")
     p.add_argument("--version", action="version", version=f"leakbench {package_version()}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     ls = sub.add_parser("list", help="list registered things, one line each")
     ls.add_argument("kind", choices=sorted(KIND_NAMES))
     run = sub.add_parser("run", help="run a suite (built-in name or TOML path) and write the leaderboard")
@@ -94,7 +101,8 @@ def _run(args) -> int:
     store = Store(Path(args.out) / "leakbench.sqlite")
     page = write_outputs(store, args.out)
     store.close()
-    print(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.failed} failed, "
+    print(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.diverged} diverged, "
+          f"{summary.failed} failed, "
           f"{summary.skipped} already done, {summary.stale} recomputed after a code change; leaderboard: {page}")
     for label, reason in summary.failures:
         print(f"leakbench: failed: {label}: {reason}", file=sys.stderr)
@@ -157,7 +165,10 @@ def _compare(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as done:   # --help, --version, or a one-line usage error (already printed)
+        return int(done.code or 0)
     try:
         if args.command == "list":
             return _list(args.kind)

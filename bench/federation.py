@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from bench import compute, membership
+from bench.attack import Setting
 from bench.costs import CostMeter
 from bench.devices import CATALOGS, Device, assign
 from bench.defense import Defense, Party
@@ -132,6 +133,20 @@ class FederationRun:
     knowledge: Knowledge
     metrics: dict[str, Any]
     details: dict[str, Any]
+    diverged: str | None = None    # why training stopped early (a non-finite update, loss or model), else None
+
+
+class Diverged(Exception):
+    """Training produced a non-finite value: the run stops at this round (an outcome, not an error)."""
+
+    def __init__(self, round: int, what: str):
+        super().__init__(f"training diverged at round {round}: {what} is not finite (NaN or inf)")
+        self.round = round
+
+
+def require_finite(values: dict[str, torch.Tensor], round: int, what: str) -> None:
+    if not all(bool(torch.isfinite(v).all()) for v in values.values() if v.is_floating_point()):
+        raise Diverged(round, what)
 
 
 def _set_entries(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
@@ -160,12 +175,17 @@ def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tens
         after = dict(model.named_buffers())
         return {n: (after[n].detach().cpu() - before[n]) if n in before else -sc.lr * grads[n] for n in fed.names}
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
+    finite = torch.ones((), dtype=torch.bool, device=dev)   # checked once at the end: no sync per step
     for _ in range(sc.local_epochs):
         order = torch.randperm(len(y), generator=generator)   # drawn on the CPU on every device
         for batch in order.split(sc.batch_size):
             opt.zero_grad()
-            fed.task.loss(model, x[batch].to(dev), y[batch].to(dev)).backward()
+            loss = fed.task.loss(model, x[batch].to(dev), y[batch].to(dev))
+            finite &= torch.isfinite(loss.detach())
+            loss.backward()
             opt.step()
+    if not bool(finite):
+        raise Diverged(fed.round, f"{client.name}'s training loss")
     state = dict(model.named_parameters()) | dict(model.named_buffers())
     return {n: state[n].detach().cpu() - start[n] for n in fed.names}
 
@@ -217,17 +237,33 @@ def _sample(fed: Federation, round: int) -> list[Client]:
     return [fed.clients[i] for i in sorted(chosen)]
 
 
-def _knowledge(fed: Federation, known: dict[str, torch.Tensor], defense: Defense) -> Knowledge:
-    sc = fed.scenario
-    params = fed.params()
+def server_knowledge(sc: Scenario, data, model: torch.nn.Module, params: dict[str, torch.Tensor],
+                     new_model: Callable[[], torch.nn.Module], uploads_weights: bool = False) -> Knowledge:
+    """What the server knows of the attacked round: `params` are the global entries it knows (NaN elsewhere)."""
     steps = 1 if sc.attack_update == "gradient" else sc.local_epochs * -(-sc.attack_batch_size // sc.batch_size)
-    head = classifier_head(fed.model) if fed.data.task == "classification" else ("", None)
-    return Knowledge(task=fed.data.task, model_name=sc.model, model_params=dict(sc.model_params),
-                     global_params={n: torch.where(known[n], params[n], torch.nan) for n in fed.names},
-                     num_classes=fed.data.num_classes, input_shape=tuple(fed.data.input_shape),
+    head = classifier_head(model) if data.task == "classification" else ("", None)
+    return Knowledge(task=data.task, model_name=sc.model, model_params=dict(sc.model_params), global_params=params,
+                     num_classes=data.num_classes, input_shape=tuple(data.input_shape),
                      batch_size=sc.attack_batch_size, lr=sc.lr, update_kind=sc.attack_update, local_steps=steps,
-                     head=head, vocab_size=fed.data.vocab_size, tokenizer=fed.data.tokenizer,
-                     build_model=fed.new_model, uploads_weights=defense.uploads_weights)
+                     head=head, vocab_size=data.vocab_size, tokenizer=data.tokenizer, build_model=new_model,
+                     uploads_weights=uploads_weights)
+
+
+def setting(sc: Scenario, data, model: torch.nn.Module | None = None) -> Setting:
+    """The scenario before any defense, for the attacks' load-time checks (Attack.applicable); `model`: the
+    scenario's model already built on `data`."""
+    model = model if model is not None else build_model(sc.model, data, **sc.model_params)
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    params = {n: state[n].detach() for n in update_names(model)}
+    knowledge = server_knowledge(sc, data, model, params, lambda: build_model(sc.model, data, **sc.model_params))
+    return Setting(knowledge, sc.mia_size, sc.mia_aux, sc.labels_known, model)
+
+
+def _knowledge(fed: Federation, known: dict[str, torch.Tensor], defense: Defense) -> Knowledge:
+    params = fed.params()
+    return server_knowledge(fed.scenario, fed.data, fed.model,
+                            {n: torch.where(known[n], params[n], torch.nan) for n in fed.names}, fed.new_model,
+                            defense.uploads_weights)
 
 
 def _train(fed: Federation, sampled: list[Client], round: int) -> dict[str, list[tuple]]:
@@ -244,7 +280,9 @@ def _train(fed: Federation, sampled: list[Client], round: int) -> dict[str, list
                 x, y, mode = client.x[idx], client.y[idx], sc.attack_update
             else:
                 x, y, mode = client.x, client.y, "delta"
-            trained[client.name].append((x, y, local_update(fed, client, x, y, mode, gen), attacked))
+            update = local_update(fed, client, x, y, mode, gen)
+            require_finite(update, round, f"{client.name}'s update")
+            trained[client.name].append((x, y, update, attacked))
     return trained
 
 
@@ -280,7 +318,9 @@ def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads
     _broadcast(fed, sampled, aggregate, update, decoder)
     learned = _server_learns(aggregate, decoder, fed.shapes)
     current = fed.params()
-    _set_entries(fed.model, {n: current[n] + update[n] for n in fed.names})
+    new = {n: current[n] + update[n] for n in fed.names}
+    require_finite(new, fed.round, "the new global model")
+    _set_entries(fed.model, new)
     for n in fed.names:
         known[n] &= learned[n]
     for client in sampled:
@@ -288,7 +328,10 @@ def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads
 
 
 def run_federation(scenario: Scenario, data, defense: Defense, progress: Callable[[str], None] | None = None,
-                   fed: Federation | None = None) -> FederationRun:
+                   fed: Federation | None = None, needs_membership: bool = False) -> FederationRun:
+    """Every round through the defense; a non-finite update, loss or model stops the run there (`diverged`).
+
+    `needs_membership`: draw membership candidates for the finished run (a membership attack is in the group)."""
     start = time.perf_counter()
     fed = fed or build_federation(scenario, data, defense)
     fed.round = -1
@@ -297,25 +340,33 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
     initial = fed.params()
     last = {n: v.clone() for n, v in initial.items()}   # each entry's last value the server knew
     targets: list[Target] = []
-    knowledge = None
+    knowledge, diverged = None, None
     for r in range(scenario.rounds):
         fed.round = r
         sampled = _sample(fed, r)
         if r == scenario.attack_round:
             knowledge = _knowledge(fed, known, defense)
-        trained = _train(fed, sampled, r)
-        defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
-        uploads = _upload(fed, defense, sampled, trained, knowledge, targets)
-        _aggregate(fed, defense, sampled, uploads, known)
+        try:
+            trained = _train(fed, sampled, r)
+            defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
+            uploads = _upload(fed, defense, sampled, trained, knowledge, targets)
+            _aggregate(fed, defense, sampled, uploads, known)
+        except Diverged as err:   # the global model stays the last finite one; its utility is reported
+            diverged = err
+            break
         current = fed.params()
         last = {n: torch.where(known[n], current[n], last[n]) for n in fed.names}
         if progress:
             progress(f"round {r + 1}/{scenario.rounds}")
     measured = _run_metrics(fed, defense, time.perf_counter() - start)
     measured.update(_encryption_breakdown(fed))
+    if diverged is not None:
+        measured["diverged_round"] = diverged.round
     metrics = {k: v for k, v in measured.items() if not isinstance(v, dict)}
     details = {k: v for k, v in measured.items() if isinstance(v, dict)} | {"key_topology": defense.key_topology}
-    chosen = membership.select(fed, known, last, initial)
+    if diverged is not None:
+        return FederationRun(targets, knowledge, metrics, details, str(diverged))
+    chosen = membership.select(fed, known, last, initial, needs_membership)
     if chosen is not None:
         for target in targets:
             target.knowledge = replace(target.knowledge, membership=chosen[0])
@@ -348,6 +399,8 @@ def _server_learns(aggregate: Payload, decoder: Party, shapes) -> dict[str, torc
 
 def _encryption_breakdown(fed: Federation) -> dict[str, Any]:
     """Actual encrypted fraction overall and per parameter, and whether the classifier head is covered."""
+    if not fed.encrypted:   # diverged before any upload was aggregated
+        return {}
     sizes = {n: int(np.prod(s)) if s else 1 for n, s in fed.shapes.items()}
     per_name = {n: float(np.mean(v)) for n, v in fed.encrypted.items()}
     total = sum(sizes.values())

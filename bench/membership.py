@@ -2,7 +2,9 @@
 
 Threat model (README): the attacker is the aggregation server.
 - Members are the federation's training data (scenario `mia_members = "all"`) or only the
-  attacked client's (`"client"`); `mia_size` of them are drawn, seeded.
+  attacked client's (`"client"`); `mia_size` of them are drawn, seeded. Left unset, a run
+  with a membership attack draws DEFAULT_SIZE, or as many as the data holds (members, and
+  held-out samples after the auxiliary ones), whichever is fewer.
 - Non-members are as many held-out test samples of the same distribution, which no client
   trained on. Token sequences are matched on length (each member gets a held-out sequence of its
   own token count, the nearest count when those run out): a split whose test side differs in
@@ -54,11 +56,8 @@ class MembershipKnowledge:
 
 
 def model_blocked(knowledge) -> str | None:
-    """Shared need of model-based membership attacks."""
-    mk = knowledge.membership
-    if mk is None:
-        return "the scenario defines no membership candidates (set mia_size > 0)"
-    if mk.known_fraction() == 0.0:
+    """Shared view need of model-based membership attacks: some entry of the final model is known."""
+    if knowledge.membership.known_fraction() == 0.0:
         return "the server knows no entry of the final model (every entry is encrypted or kept local)"
     return None
 
@@ -84,22 +83,41 @@ def _length_matched(member_len: np.ndarray, pool_len: np.ndarray) -> np.ndarray:
     return out
 
 
+DEFAULT_SIZE = 500   # members and as many non-members when a scenario leaves mia_size unset
+
+
+def candidate_count(sc, members: int, held_out: int) -> int:
+    """Members (= non-members) a run draws: mia_size, or the default bounded by what the data holds."""
+    if sc.mia_size is not None:
+        return min(sc.mia_size, members)
+    return max(0, min(DEFAULT_SIZE, members, held_out - sc.mia_aux))
+
+
+def check(sc, test_size: int) -> None:
+    """Load-time: the held-out split can supply the non-members and the auxiliary samples."""
+    need = (sc.mia_size or 0) + sc.mia_aux
+    if need > test_size:
+        raise ValueError(f"scenario '{sc.name}': {sc.mia_size or 0} non-members plus mia_aux={sc.mia_aux} auxiliary "
+                         f"samples need {need} held-out test samples, the data has {test_size}; lower mia_size/"
+                         "mia_aux or raise max_test")
+    if sc.mia_size is None and test_size - sc.mia_aux < 1:
+        raise ValueError(f"scenario '{sc.name}': mia_aux={sc.mia_aux} leaves no held-out test sample for "
+                         f"non-members (the data has {test_size}); lower mia_aux or raise max_test")
+
+
 def select(fed, known: dict[str, torch.Tensor], last: dict[str, torch.Tensor],
-           initial: dict[str, torch.Tensor]) -> tuple[MembershipKnowledge, np.ndarray] | None:
-    """Draw candidates and auxiliary data for the finished run; None when the scenario has no MIA."""
+           initial: dict[str, torch.Tensor], wanted: bool = True) -> tuple[MembershipKnowledge, np.ndarray] | None:
+    """Draw candidates and auxiliary data for the finished run; None when no attack of the run wants them."""
     sc = fed.scenario
-    if sc.mia_size == 0:
+    if not wanted or sc.mia_size == 0:
         return None
     rng = np.random.default_rng(sc.seed + 15485863)
     pool = [fed.clients[sc.attack_client]] if sc.mia_members == "client" else fed.clients
     mx = torch.cat([c.x for c in pool])
     my = torch.cat([c.y for c in pool])
-    n = min(sc.mia_size, len(my))
     test_x, test_y = fed.data.test_x, fed.data.test_y
-    if n + sc.mia_aux > len(test_y):
-        raise ValueError(f"scenario '{sc.name}': {n} non-members plus mia_aux={sc.mia_aux} auxiliary samples need "
-                         f"{n + sc.mia_aux} held-out test samples, the data has {len(test_y)}; lower mia_size/"
-                         "mia_aux or raise max_test")
+    check(sc, len(test_y))
+    n = candidate_count(sc, len(my), len(test_y))
     members = rng.choice(len(my), size=n, replace=False)
     held = rng.permutation(len(test_y))
     pad = getattr(fed.data, "pad_id", None)

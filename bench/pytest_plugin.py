@@ -46,6 +46,7 @@ class CellRunner:
 
         self.store = Store(out / "leakbench.sqlite")
         self.data_root = data_root
+        self.suite = suite
         self._runs: dict[tuple, object] = {}
         self.federation_s: dict[str, float] = {}   # per cell id: the federation time that cell paid (0 if shared)
         if suite is not None:
@@ -59,7 +60,8 @@ class CellRunner:
         try:
             if cell.group_key not in self._runs:
                 start = time.perf_counter()
-                self._runs[cell.group_key] = federate(cell, self.data_root)
+                group = [c for c in self.suite.cells if c.group_key == cell.group_key] if self.suite else [cell]
+                self._runs[cell.group_key] = federate(cell, self.data_root, group=group)
                 self.federation_s[cell.cell_id] = time.perf_counter() - start
             record = score_cell(cell, self._runs[cell.group_key])
         except Exception as err:

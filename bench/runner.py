@@ -44,6 +44,7 @@ class RunSummary:
     stale: int = 0                                   # recomputed because the code changed
     failures: tuple[tuple[str, str], ...] = ()       # (cell label, one-line reason)
     plan: tuple[tuple[str, str], ...] = ()           # dry run: (cell label, new | stale | done | forced)
+    diverged: int = 0                                # the group's training diverged (an outcome, exit 0)
 
     @property
     def exit_code(self) -> int:
@@ -96,8 +97,10 @@ def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict |
 def score_cell(cell: Cell, run) -> dict[str, Any]:
     """Run the cell's attack on every attacked upload of the run and compute every applicable metric."""
     attack = ATTACKS.get(cell.attack.name)(**cell.attack.params)
-    reason = attack.blocked(run.targets[0].view, run.targets[0].knowledge)
     run_values = dict(run.metrics)
+    if run.diverged is not None:   # an outcome of the defense's training, neither a failure nor a block
+        return _record(cell, "diverged", run.diverged, _run_metrics(run_values), dict(run.details))
+    reason = attack.blocked(run.targets[0].view, run.targets[0].knowledge)
     if reason is not None:
         details = dict(run.details) | {"sent_in_clear": sent_in_clear(run.targets[0].view, set())}
         return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), details)
@@ -165,8 +168,10 @@ def _run_metrics(run_values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] | None = None):
-    """The federated run shared by every cell of the cell's group; on_round hears "round r/R" as they finish."""
+def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] | None = None,
+             group: list[Cell] | None = None):
+    """The federated run shared by every cell of the cell's group (`group`, default the cell alone: what its
+    attacks need drawn, e.g. membership candidates); on_round hears "round r/R" as they finish."""
     from bench.budget import apply_budget
     from bench.datasets import load_dataset, resolve_data_root
     from bench.federation import run_federation
@@ -176,36 +181,45 @@ def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] 
                         seed=sc.seed, seq_len=sc.seq_len)
     defense = DEFENSES.get(cell.defense.name)(**cell.defense.params)
     apply_budget(defense, sc, data_root)
-    return run_federation(sc, data, defense, progress=on_round)
+    wanted = any(getattr(ATTACKS.get(c.attack.name), "needs_membership", False) for c in (group or [cell]))
+    return run_federation(sc, data, defense, progress=on_round, needs_membership=wanted)
 
 
 def preflight(suite: Suite, data_root: str | None) -> None:
-    """Load-time checks for datasets that ask for them (`checked_at_load`): their data loads and every
-    scenario's model can take it (e.g. no sentence longer than the model's positions); a fault raises a
-    one-line DataError / SpecError before any cell runs."""
-    import json
-
+    """Load-time checks of every scenario, before any cell runs: its data loads, its model builds on it
+    (parameter ranges, no sentence longer than the model's positions), its membership pool fits the
+    held-out data, and each of its attacks can run there at all (Attack.applicable). A fault raises a
+    one-line DataError / SpecError; what is left to run time is what a defense decides."""
     from bench.datasets import load_dataset, resolve_data_root
-    from bench.models import build_model
-    from bench.registry import DATASETS
+    from bench.federation import setting
+    from bench.membership import check as check_membership
     from bench.scenario import SpecError
 
+    import json
+
+    from bench.models import build_model
+
     root = resolve_data_root(data_root)
-    seen = set()
+    models: dict[tuple, object] = {}   # one build per (data, model, parameters): a suite repeats them
     for sc in suite.scenarios:
-        if not getattr(DATASETS.get(sc.dataset), "checked_at_load", False):
-            continue
-        key = (sc.dataset, sc.max_train, sc.max_test, sc.seed, sc.seq_len, sc.model,
-               json.dumps(sc.model_params, sort_keys=True, default=str))
-        if key in seen:
-            continue
-        seen.add(key)
+        attacks = list({c.attack.label: c.attack for c in suite.cells if c.scenario == sc}.values())
         data = load_dataset(sc.dataset, root, max_train=sc.max_train, max_test=sc.max_test, seed=sc.seed,
                             seq_len=sc.seq_len)
+        key = (sc.dataset, sc.max_train, sc.max_test, sc.seed, sc.seq_len, sc.model,
+               json.dumps(sc.model_params, sort_keys=True, default=str))
         try:
-            build_model(sc.model, data, **sc.model_params)
+            if key not in models:
+                models[key] = build_model(sc.model, data, **sc.model_params)
+            facts = setting(sc, data, models[key])
+            if any(ATTACKS.get(a.name).needs_membership for a in attacks):
+                check_membership(sc, len(data.test_y))
         except (TypeError, ValueError) as err:
             raise SpecError(f"scenario '{sc.name}': {one_line(err).split(': ', 1)[-1]}") from None
+        for component in attacks:
+            reason = ATTACKS.get(component.name)(**component.params).applicable(facts)
+            if reason is not None:
+                raise SpecError(f"scenario '{sc.name}': attack '{component.label}' cannot run in it: {reason}; "
+                                f"narrow the scenario's attacks (attacks = [...]) or change the scenario")
 
 
 def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
@@ -230,7 +244,7 @@ def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = Non
 def _group_records(cells: list[Cell], data_root: str | None,
                    on_round: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
     try:
-        run = federate(cells[0], data_root, on_round)
+        run = federate(cells[0], data_root, on_round, group=cells)
     except Exception as err:  # recorded per cell and reported by the exit status, never hidden
         for cell in cells:
             yield failed(cell, err)
@@ -352,7 +366,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         store.close()
         raise
     store.set_membership(suite.name, [c.cell_id for c in suite.cells], suite.page_info())
-    counts = {"ok": 0, "blocked": 0, "failed": 0, "skipped": skipped}
+    counts = {"ok": 0, "blocked": 0, "diverged": 0, "failed": 0, "skipped": skipped}
     failures: list[tuple[str, str]] = []
     bar = progress(total=sum(len(g) for g in pending), desc=f"suite {suite.name}", unit="cell") if progress else None
 
@@ -373,7 +387,8 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         store.close()
         if own and pool is not None:
             pool.close()
-    return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"], stale, tuple(failures))
+    return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"], stale, tuple(failures),
+                      diverged=counts["diverged"])
 
 
 __all__ = ["run_suite", "run_group", "score_cell", "preflight", "RunSummary"]

@@ -22,6 +22,7 @@ class SpecError(ValueError):
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 MAX_SEED = 2**32 - 1
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def check_name(kind: str, value: Any) -> str:
@@ -70,7 +71,8 @@ class Scenario:
     attack_repeats: int = 1           # independent attacked batches (e.g. 10 images for iDLG)
     labels_known: bool = False        # threat-model knob: the attacker is told the batch's labels
     # membership inference (bench/membership.py): candidates and the attacker's auxiliary data
-    mia_size: int = 0                 # members and as many held-out non-members; 0 = no membership evaluation
+    mia_size: int | None = None       # members and as many held-out non-members; unset: membership attacks get
+                                      # bench/membership.py's default pool (500, bounded by the data); 0: none
     mia_members: str = "all"          # all (the federation's training data) | client (the attacked client's)
     mia_aux: int = 0                  # auxiliary held-out samples the attacker holds, disjoint from both
     # devices (bench/devices.py): a catalog, how clients take its types, or one type per client
@@ -94,7 +96,7 @@ class Scenario:
         check_choice("attack_update", self.attack_update, ("gradient", "delta"))
         check_choice("sampling", self.sampling, ("fixed", "poisson"))
         check_choice("mia_members", self.mia_members, ("all", "client"))
-        if self.mia_size < 0 or self.mia_aux < 0:
+        if (self.mia_size or 0) < 0 or self.mia_aux < 0:
             raise SpecError(f"scenario '{self.name}': mia_size and mia_aux must be >= 0")
         if not 0.0 <= self.public_fraction < 1.0:
             raise SpecError(f"scenario '{self.name}': public_fraction must be in [0, 1), got {self.public_fraction}")
@@ -120,6 +122,9 @@ class Scenario:
         for key in ("lr", "alpha"):
             if getattr(self, key) <= 0:
                 raise SpecError(f"scenario '{self.name}': {key} must be > 0, got {getattr(self, key)}")
+        if self.lr > FLOAT32_MAX:   # updates are float32: lr * gradient would be inf before training starts
+            raise SpecError(f"scenario '{self.name}': lr {self.lr:g} exceeds the largest float32 ({FLOAT32_MAX:.3g}); "
+                            "model updates are float32, use a learning rate such as 0.1")
         if not 0 < self.delta < 1:
             raise SpecError(f"scenario '{self.name}': delta must be in (0, 1), got {self.delta}")
         if self.pretrain_epochs < 0:

@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS cells (
 CREATE TABLE IF NOT EXISTS membership (
     suite TEXT NOT NULL, cell_id TEXT NOT NULL, position INTEGER NOT NULL, PRIMARY KEY (suite, cell_id));
 """
-FINISHED = ("ok", "blocked")
+FINISHED = ("ok", "blocked", "diverged")   # outcomes; only "failed" cells are retried
 
 
 class StoreError(RuntimeError):
@@ -102,7 +102,7 @@ class Store:
             self._db.execute("INSERT OR IGNORE INTO membership VALUES (?, ?, ?)", (suite, cell_id, row[0]))
 
     def finished(self, cell_id: str, fingerprint: str | None = None) -> bool:
-        """A stored ok/blocked cell (computed by code with this fingerprint, when one is given)."""
+        """A stored finished cell (computed by code with this fingerprint, when one is given)."""
         return self.state(cell_id, fingerprint) == "done"
 
     def state(self, cell_id: str, fingerprint: str | None = None) -> str:

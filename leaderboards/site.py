@@ -40,7 +40,7 @@ def rerender(directory: str | Path) -> dict[str, Any]:
     records = load_records(directory)
     suites = list(dict.fromkeys(r["suite"] for r in records))
     render(records, {s: page_info(s, directory) for s in suites}, directory)
-    counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "blocked", "failed")}
+    counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "blocked", "diverged", "failed")}
     info = page_info(suites[0], directory) if suites else {}
     return {"name": directory.name, "href": f"{directory.name}/index.html", "suites": suites,
             "description": info.get("description", ""), "cells": len(records),

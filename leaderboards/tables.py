@@ -9,7 +9,9 @@ strongest-attack columns, each attack's own columns, then the run-level columns.
   when every attack of the families that report the metric was blocked on that defense; one that
   ran, failed or reported no number keeps the cell from reading as protected. The first strongest
   column is the ranking key (rank 1 = least leakage; blocked ranks best, failed and missing last).
-- A blocked (or failed) attack is one merged cell carrying its reason.
+- A blocked, diverged or failed attack is one merged cell carrying its reason. A diverged group
+  (training became non-finite) is no protection and no error: its privacy cells say "diverged",
+  its utility columns hold the last finite global model's, and `diverged_round` says when.
 - Attack-level metrics show mean +- std over the attacked uploads (attack_repeats); metrics
   that are a property of the run or of the view (accuracy, epsilon, costs, kde_mi) show once per defense.
 """
@@ -172,6 +174,9 @@ def _strongest(col: Column, mine: list[dict[str, Any]], fams: set[str], families
         text = next((r["metrics"][col.key] for r in relevant if isinstance(r["metrics"].get(col.key), str)),
                     "ran, no value")
         return {"text": text, "sort": "", "cls": "na", "span": 1}
+    if any(r["status"] == "diverged" for r in relevant):   # the defense's cost, shown in the utility columns
+        return {"text": "diverged", "sort": "", "cls": "diverged", "span": 1,
+                "title": next(r["reason"] for r in relevant if r["status"] == "diverged")}
     if any(r["status"] == "failed" for r in relevant):
         return {"text": "failed", "sort": "", "cls": "failed", "span": 1}
     if relevant:  # every attack of these families was blocked by design: protection

@@ -13,6 +13,8 @@ _RUN = [
     ("noise_multiplier", "", None, "privacy", "DP noise multiplier z: noise std z*clip on the sum of clipped updates", "{:.3f}", False),
     ("clip", "", None, "privacy", "DP per-client L2 clipping norm of the update", "{:.3g}", False),
     ("upload_noise_multiplier", "", None, "privacy", "noise multiplier of one upload as the server sees it (0 = central DP, un-noised)", "{:.3f}", False),
+    ("diverged_round", "", None, "utility", "round at which training became non-finite (update, loss or model) and the "
+     "run stopped; its utility columns are the last finite global model's", "{:.0f}", False),
     ("upload_bytes", "B", True, "cost", "bytes one client sends per round (len of what is on the wire)", "{:,.0f}", False),
     ("download_bytes", "B", True, "cost", "bytes one client receives per round", "{:,.0f}", False),
     ("ciphertext_bytes", "B", True, "cost", "serialized ciphertext bytes per client upload", "{:,.0f}", False),

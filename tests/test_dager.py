@@ -136,12 +136,15 @@ def test_fully_encrypted_view_is_blocked_by_design(data_root):
     assert he["status"] == "blocked" and "empty" in he["reason"]
 
 
-def test_dager_is_blocked_on_images():
+def test_dager_on_images_is_refused_at_load():
+    from bench.runner import preflight
+    from bench.scenario import SpecError
+
     suite = parse_suite({"name": "t", "scenarios": [{"name": "s", "dataset": "digits", "model": "mlp",
                          "num_clients": 1, "clients_per_round": 1, "rounds": 1, "max_train": 20, "max_test": 10}],
                          "defenses": [{"name": "plaintext"}], "attacks": [{"name": "dager"}]})
-    [rec] = list(run_group(list(suite.cells), None))
-    assert rec["status"] == "blocked" and "tokenized text" in rec["reason"]
+    with pytest.raises(SpecError, match="attack 'dager' cannot run in it: needs tokenized text"):
+        preflight(suite, None)
 
 
 def _toml(tmp_path, dataset="sst2-cls", model_params='{ n_embd = 64, n_head = 2 }', seq_len=64):

@@ -4,7 +4,7 @@ A defense or attack missing from these lists fails tests/test_registry.py.
 """
 import pytest
 
-from bench.runner import run_group
+from bench.runner import preflight, run_group
 from tests.conftest import tiny_suite
 
 GRID_DEFENSES = [
@@ -27,10 +27,10 @@ GRID_DEFENSES = [
     ("she-lora", {"budget": 0.1}),
     ("flex-lora", {"sigma": 0.001}),
 ]
-LORA_ONLY = {"she-lora", "flex-lora"}   # defenses of LoRA adapters: a tiny LM on SST-2 (needs the data root)
-TEXT = {"dataset": "sst2", "model": "gpt2-lora", "model_params": {"n_embd": 32, "n_layer": 1, "n_head": 2},
+LORA_ONLY = {"she-lora", "flex-lora"}   # defenses of LoRA adapters: the text track only
+TEXT = {"dataset": "sst2", "model": "gpt2-lora", "model_params": {"n_embd": 32, "n_layer": 2, "n_head": 2},
         "max_train": 32, "max_test": 48, "seq_len": 12, "batch_size": 8, "lr": 0.05}
-GRID_ATTACKS = [
+IMAGE_ATTACKS = [
     ("idlg", {"steps": 3}),
     ("dlg", {"steps": 3}),
     ("inverting-gradients", {"steps": 3, "restarts": 1}),
@@ -38,9 +38,16 @@ GRID_ATTACKS = [
     ("ilrg-guarded", {}),
     ("idlg-extended", {}),
     ("random-guess", {}),
+    ("no-attack", {}),
     ("mia-loss", {}),
     ("mia-lira", {"shadows": 2}),
     ("mia-rmia", {"references": 1, "population": 10}),
+    ("mia-grad-cosine", {}),
+    ("negotiation-labels", {}),
+]
+TEXT_ATTACKS = [
+    ("no-attack", {}),
+    ("mia-loss", {}),
     ("mia-grad-cosine", {}),
     ("mia-zlib", {}),
     ("mia-lowercase", {}),
@@ -49,25 +56,32 @@ GRID_ATTACKS = [
     ("mia-recall", {"shots": 1}),
     ("mia-pac", {"augmentations": 1}),
     ("dager", {}),
-    ("negotiation-labels", {}),
 ]
+GRID_ATTACKS = IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS]
 MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary data for the mia-* attacks
 
 
-@pytest.mark.parametrize("defense", GRID_DEFENSES, ids=[d for d, _ in GRID_DEFENSES])
-def test_defense_runs_against_every_attack(defense, request):
-    tiny = defense[0] in ("paillier-full",)  # per-value Paillier: a model small enough for seconds
-    if defense[0] in LORA_ONLY:
-        root = request.getfixturevalue("data_root")
-        suite = tiny_suite([defense], GRID_ATTACKS, attack_batch_size=2, **(TEXT | MIA))
-    else:
-        root = None
-        suite = tiny_suite([defense], GRID_ATTACKS, model="mlp-tiny" if tiny else "lenet5-sigmoid",
-                           attack_batch_size=2, **MIA)
-    records = list(run_group(list(suite.cells), root))
-    assert len(records) == len(GRID_ATTACKS)
+def _check(records, attacks, defense):
+    assert len(records) == len(attacks)
     for rec in records:
         assert rec["status"] in ("ok", "blocked"), rec["reason"]
         assert rec["metrics"]["upload_bytes"] > 0 or defense[0] == "base"   # base uploads nothing by definition
         if rec["status"] == "blocked":
             assert rec["reason"].startswith("blocked by design: ")
+
+
+@pytest.mark.parametrize("defense", [d for d in GRID_DEFENSES if d[0] not in LORA_ONLY],
+                         ids=[d for d, _ in GRID_DEFENSES if d not in LORA_ONLY])
+def test_defense_runs_against_every_image_attack(defense):
+    tiny = defense[0] in ("paillier-full",)  # per-value Paillier: a model small enough for seconds
+    suite = tiny_suite([defense], IMAGE_ATTACKS, model="mlp-tiny" if tiny else "lenet5-sigmoid",
+                       attack_batch_size=2, **MIA)
+    preflight(suite, None)   # every attack applies to the scenario: what remains is the defense's doing
+    _check(list(run_group(list(suite.cells), None)), IMAGE_ATTACKS, defense)
+
+
+@pytest.mark.parametrize("defense", GRID_DEFENSES, ids=[d for d, _ in GRID_DEFENSES])
+def test_defense_runs_against_every_text_attack(defense, data_root):
+    suite = tiny_suite([defense], TEXT_ATTACKS, attack_batch_size=2, **(TEXT | MIA))
+    preflight(suite, data_root)
+    _check(list(run_group(list(suite.cells), data_root)), TEXT_ATTACKS, defense)

@@ -164,6 +164,14 @@ def _cases() -> list[tuple[str, dict]]:
     add("model-param-type", ["model_params", "activation", "string"],
         suite=_scenario(model="lenet5-relu", model_params={"activation": 3}))
     add("model-params-not-table", ["model_params", "dict"], suite=_scenario(model_params=3))
+    add("model-param-out-of-range", ["scenario 's1'", "hidden"], suite=_scenario(model="mlp-tiny",
+                                                                              model_params={"hidden": -3}))
+    add("lr=1e308", ["lr", "float32"], suite=_scenario(lr=1e308))
+    add("workers-not-int", ["--workers", "invalid int value: 'abc'"], extra=["--workers", "abc"])
+    add("membership-attack-with-mia_size-0", ["mia-loss", "mia_size = 0"],
+        suite=_suite(lambda d: (d["scenarios"][0].update(mia_size=0), d.update(attacks=[{"name": "mia-loss"}]))))
+    add("attack-for-another-task", ["attack 'dager'", "needs tokenized text"],
+        suite=_suite(lambda d: d.update(attacks=[{"name": "dager"}])))
     # data-dependent settings
     add("attack-batch-too-large", ["attack_batch_size 500", "did you mean 60"], hint=True,
         suite=_scenario(attack_batch_size=500))
@@ -194,6 +202,9 @@ def _cases() -> list[tuple[str, dict]]:
     # data roots
     add("data-root-missing", ["data root", "not a directory"], data="missing")
     add("data-root-file", ["data root", "not a directory"], data="file")
+    add("text-data-missing-under-root", ["dataset 'sst2'", "text/sst2/", "data root"], data="empty-root",
+        suite=_scenario(dataset="sst2-sentences-cls", model="gpt2", model_params={"n_layer": 2, "n_embd": 64,
+                                                                                   "n_head": 2}))
     for fault, expect in (("absent", ["needs MNIST/raw/t10k-labels-idx1-ubyte.gz"]),
                           ("truncated", ["t10k-images-idx3-ubyte.gz", "torchvision's md5"]),
                           ("garbage", ["t10k-labels-idx1-ubyte", "not a uint8 IDX"]),
@@ -277,7 +288,7 @@ def _prepare(case: dict, sandbox: Path) -> list[str]:
         (sandbox / "suite.toml").write_bytes(case["raw"])
     else:
         suite = case.get("suite", BASE)
-        if "data" in case:
+        if "data" in case and case["data"] != "empty-root":
             suite = copy.deepcopy(suite)
             suite["scenarios"][0].update(dataset="mnist", max_train=600, max_test=100)
         (sandbox / "suite.toml").write_text(to_toml(suite))
@@ -321,6 +332,9 @@ def _prepare(case: dict, sandbox: Path) -> list[str]:
         elif case["data"] == "file":
             (sandbox / "datafile").write_text("x")
             data_args = ["--data-root", str(sandbox / "datafile")]
+        elif case["data"] == "empty-root":   # a real folder without the files a text set reads
+            data.mkdir()
+            data_args = ["--data-root", str(data)]
         else:
             _fake_mnist(data, case["data"])
             data_args = ["--data-root", str(data)]
@@ -346,7 +360,7 @@ def _check(case: dict, code: int, err: str, before: dict, after: dict) -> None:
 
 @pytest.mark.parametrize("case", [c for _, c in CASES], ids=[i for i, _ in CASES])
 def test_malformed_input_fails_at_load_with_one_line(case, tmp_path, capsys, monkeypatch):
-    if "data" in case and case["data"] not in ("missing", "file") and not os.environ.get("LEAKBENCH_DATA"):
+    if "data" in case and case["data"] not in ("missing", "file", "empty-root") and not os.environ.get("LEAKBENCH_DATA"):
         pytest.skip("needs the data root: set LEAKBENCH_DATA")
     sandbox = tmp_path / "box"
     sandbox.mkdir()
@@ -362,7 +376,7 @@ def test_malformed_input_fails_at_load_with_one_line(case, tmp_path, capsys, mon
         store.close()
 
 
-SUBPROCESS = ["scenarios-ints", "out-under-file", "store-foreign-sqlite", "attack-batch-too-large"]
+SUBPROCESS = ["scenarios-ints", "out-under-file", "store-foreign-sqlite", "attack-batch-too-large", "workers-not-int"]
 
 
 @pytest.mark.parametrize("cid", SUBPROCESS)

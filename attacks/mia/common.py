@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench.attack import Attack, Reconstruction
+from bench.attack import Attack, Reconstruction, Setting
 from bench.membership import load, model_blocked
 from bench.view import Knowledge, ServerView
 
@@ -22,7 +22,9 @@ class ModelMIA(Attack):
     """Scores candidates on the final model the server can assemble (`fill` for hidden entries)."""
 
     family = "membership"
+    needs_membership = True
     tasks: tuple[str, ...] = ("classification", "causal-lm")
+    min_aux = 0                                  # auxiliary samples the attack needs (shadow data, prefixes)
 
     def __init__(self, fill: str = "last", **params) -> None:
         if fill not in ("zero", "last"):
@@ -30,9 +32,17 @@ class ModelMIA(Attack):
         super().__init__(fill=fill, **params)
         self.fill = fill
 
+    def applicable(self, setting: Setting) -> str | None:
+        if setting.knowledge.task not in self.tasks:
+            return f"needs a {' or '.join(self.tasks)} task, this scenario is {setting.knowledge.task}"
+        if setting.mia_aux < self.aux_needed():
+            return f"needs at least {self.aux_needed()} auxiliary samples, the scenario sets mia_aux = {setting.mia_aux}"
+        return super().applicable(setting)
+
+    def aux_needed(self) -> int:
+        return self.min_aux
+
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
-        if knowledge.task not in self.tasks:
-            return f"needs a {' or '.join(self.tasks)} task, this scenario is {knowledge.task}"
         return model_blocked(knowledge)
 
     def target_model(self, knowledge: Knowledge) -> torch.nn.Module:

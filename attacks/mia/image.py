@@ -56,11 +56,7 @@ class MIALiRA(ModelMIA):
         super().__init__(fill=fill, shadows=shadows, fixed_variance=fixed_variance)
         self.shadows, self.fixed_variance = shadows, fixed_variance
 
-    def blocked(self, view, knowledge):
-        reason = super().blocked(view, knowledge)
-        if reason is None and len(knowledge.membership.aux_y) < 4:
-            return "needs auxiliary data for shadow models (set mia_aux)"
-        return reason
+    min_aux = 4   # shadow models' training data
 
     def score(self, knowledge: Knowledge, seed: int):
         mk = knowledge.membership
@@ -84,11 +80,8 @@ class MIARMIA(ModelMIA):
         super().__init__(fill=fill, references=references, gamma=gamma, a=a, population=population)
         self.references, self.gamma, self.a, self.population = references, gamma, a, population
 
-    def blocked(self, view, knowledge):
-        reason = super().blocked(view, knowledge)
-        if reason is None and len(knowledge.membership.aux_y) < self.population + 4:
-            return f"needs more than population={self.population} auxiliary samples (set mia_aux)"
-        return reason
+    def aux_needed(self) -> int:
+        return self.population + 4   # population samples plus reference models' training data
 
     def score(self, knowledge: Knowledge, seed: int):
         mk = knowledge.membership
@@ -116,6 +109,7 @@ class MIARMIA(ModelMIA):
                   "with the visible upload")
 class MIAGradCosine(Attack):
     family = "membership"
+    needs_membership = True
 
     def __init__(self, fill: str = "last") -> None:
         if fill not in ("zero", "last"):
@@ -124,8 +118,6 @@ class MIAGradCosine(Attack):
         self.fill = fill
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
-        if knowledge.membership is None:
-            return "the scenario defines no membership candidates (set mia_size > 0)"
         if view.visible_fraction() == 0.0:
             return "the server sees no entry of the attacked upload"
         return None

@@ -148,11 +148,8 @@ class MIARecall(LMMIA):
         super().__init__(fill=fill, shots=shots)
         self.shots = shots
 
-    def blocked(self, view, knowledge):
-        reason = super().blocked(view, knowledge)
-        if reason is None and len(knowledge.membership.aux_y) < self.shots:
-            return f"needs {self.shots} auxiliary non-member texts for the prefix (set mia_aux)"
-        return reason
+    def aux_needed(self) -> int:
+        return self.shots   # non-member texts for the prefix
 
     def score(self, knowledge, seed):
         mk = knowledge.membership
