@@ -1,2 +1,1 @@
-"""Built-in attacks; importing the package registers each one."""
-from attacks import baselines, dager, dlg, idlg, ilrg, inverting_gradients, mia, negotiation  # noqa: F401
+"""Built-in attacks: every module here registers what it defines (bench.registry discovers them)."""

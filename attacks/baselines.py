@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from attacks.inversion import idlg_labels
-from bench.attack import Attack, Reconstruction, Setting, head_applicable, head_blocked
+from bench.protocol.attack import Attack, Reconstruction, Setting, head_applicable, head_blocked
+from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
-from bench.view import Knowledge, ServerView
 
 
 @ATTACKS.register("idlg-extended", "iDLG-extended label rule: classes with a negative weight-gradient row sum")

@@ -38,10 +38,10 @@ from attacks.dager_arch import Arch
 from attacks.dager_noise import noisy_decoder_search, noisy_layer1_tokens
 from attacks.dager_search import assemble, decoder_search, encoder_search, layer1_tokens
 from attacks.dager_span import make_span, rank_of, spectrum
-from bench import compute
-from bench.attack import Attack, Reconstruction, Setting
+from bench.models import torch_device
+from bench.protocol.attack import Attack, Reconstruction, Setting
+from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
-from bench.view import Knowledge, ServerView
 
 
 def visible_block(grad: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -86,7 +86,7 @@ class Dager(Attack):
     @property
     def device(self) -> str:
         """`device = "cuda"` pins the GPU where there is one; the default follows the run's --device."""
-        return "cuda" if self.pinned == "cuda" and torch.cuda.is_available() else compute.device_name()
+        return "cuda" if self.pinned == "cuda" and torch.cuda.is_available() else torch_device.device_name()
 
     # -- threat model ----------------------------------------------------------------------------
     def applicable(self, setting: Setting) -> str | None:

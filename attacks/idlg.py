@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from attacks.inversion import GradientInversion, Recipe, idlg_labels
-from bench.attack import Reconstruction, Setting, head_applicable, head_blocked
+from bench.protocol.attack import Reconstruction, Setting, head_applicable, head_blocked
+from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
-from bench.view import Knowledge, ServerView
 
 __all__ = ["IDLG", "idlg_labels"]
 

@@ -45,9 +45,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bench.attack import Attack, Reconstruction, Setting, head_applicable, head_blocked
+from bench.protocol.attack import Attack, Reconstruction, Setting, head_applicable, head_blocked
+from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
-from bench.view import Knowledge, ServerView
 
 DB_GUARD = 1e-7   # ilrg-guarded: |db_i| below this fraction of max |db| gets the zero embedding
 PASSES = 2        # ilrg-guarded: first solve, then one re-solve with the gain computed from its counts

@@ -22,7 +22,7 @@ global model matches the client's upload. What they share lives here, once:
   on some seeds); Adam can take the sign of the input gradient (breaching's signed "hard") and
   step decay x0.1 at 3/8, 5/8 and 7/8 of the run (breaching's "step-lr"). `boxed` projects the
   inputs into the data range [0, 1] after every step. Images are returned clamped to [0, 1].
-- Device: the optimization runs on the run's device (bench/compute.py); dummy inputs and label
+- Device: the optimization runs on the run's device (bench/models/torch_device.py); dummy inputs and label
   logits are drawn on the CPU from the seeded generator and moved, so both devices start alike.
 
 An attack is blocked only when it cannot run at all: an empty view, a server that does not know
@@ -36,9 +36,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench import compute
-from bench.attack import Attack, Reconstruction, Setting
-from bench.view import Knowledge, ServerView
+from bench.models import torch_device
+from bench.protocol.attack import Attack, Reconstruction, Setting
+from bench.protocol.view import Knowledge, ServerView
 
 LABEL_STRATEGIES = ("auto", "known", "idlg", "optimize")
 OBJECTIVES = ("l2", "cosine")
@@ -122,7 +122,7 @@ class GradientTarget:
     """The server's copy of the model and the client's gradient on the visible entries."""
 
     def __init__(self, view: ServerView, knowledge: Knowledge) -> None:
-        self.device = compute.device()
+        self.device = torch_device.device()
         self.model = knowledge.build_model()
         state = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         with torch.no_grad():

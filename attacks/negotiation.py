@@ -4,7 +4,7 @@ SenseCrypt's sensitivity vector (|w * dL/dw| at the client's model over its whol
 SelectiveShield's sensitive mask (normalized Fisher information > tau) and MaskCrypt's mask
 proposal (the top-rho entries of a gradient-guided score) are per-entry maps of the client's
 gradient on its local data, and they travel in the clear (the server view's metadata, layouts
-in bench/wire.py). Their classifier-head rows carry the client's labels: the weight-gradient
+in bench/protocol/wire.py). Their classifier-head rows carry the client's labels: the weight-gradient
 row of class i is mean_k (p_ki - y_ki) e_k, driven by the (p - 1) terms of the samples the
 client holds of class i, and only by the small p terms otherwise.
 
@@ -23,11 +23,10 @@ each score vector is normalized to sum 1 and they are averaged. Choices, stated:
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from bench.attack import Attack, Reconstruction, Setting
+from bench.protocol.attack import Attack, Reconstruction, Setting
+from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
-from bench.view import Knowledge, ServerView
 
 
 def _chosen_maps(view: ServerView) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from bench.version import ROOT, code_fingerprint
+from bench.run.version import ROOT, code_fingerprint
 
 KIND_NAMES = ("datasets", "models", "defenses", "attacks", "metrics", "suites")
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from bench.catalog import KIND_NAMES
-from bench.executors import EXECUTORS
 from bench.registry import UnknownName
+from bench.run.executors import EXECUTORS
 
 DEFAULT_OUT = "out"
 
@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from bench.version import package_version
+    from bench.run.version import package_version
 
     p = _Parser(prog="leakbench", description="Privacy attacks vs. defenses in federated learning.")
     p.add_argument("--version", action="version", version=f"leakbench {package_version()}")
@@ -74,17 +74,16 @@ def _list(kind: str) -> int:
 def _run(args) -> int:
     from tqdm import tqdm
 
-    from bench.runner import preflight, run_suite
-    from bench.spec import load_suite
-    from bench.store import Store
+    from bench.run.executors import check_options
+    from bench.run.preflight import check_suite_data, preflight
+    from bench.run.runner import run_suite
+    from bench.run.spec import load_suite
+    from bench.run.store import Store
     from leaderboards.render import write_outputs
 
-    from bench.datacheck import check_suite_data
-    from bench.executors import check_options
-
     check_options(args.executor, args.workers, args.ray_address)
-    from bench import compute
-    compute.use(args.device)                # one line and exit 2 for cuda without a GPU, before anything runs
+    from bench.models import torch_device
+    torch_device.use(args.device)                # one line and exit 2 for cuda without a GPU, before anything runs
     suite = load_suite(args.suite)          # everything a cell could trip on fails here, before any write
     check_suite_data(suite, args.data_root)
     preflight(suite, args.data_root)
@@ -134,7 +133,7 @@ def check_out(out: str) -> Path:
 
 
 def _leaderboard(args) -> int:
-    from bench.store import Store
+    from bench.run.store import Store
     from leaderboards.render import write_outputs
 
     path = check_out(args.out) / "leakbench.sqlite"
@@ -149,8 +148,21 @@ def _leaderboard(args) -> int:
 def _site(args) -> int:
     from leaderboards.site import build_site
 
-    print(f"site: {build_site(args.root)}")
+    print(f"site: {build_site(args.root, current=builtin_page_info)}")
     return 0
+
+
+def builtin_page_info(suite: str) -> dict | None:
+    """A built-in suite's page info as its TOML has it now (notes, figures, paper rows, scenarios)."""
+    import dataclasses
+
+    from bench.registry import SUITES
+    from bench.run.spec import load_suite
+
+    if suite not in SUITES:
+        return None
+    loaded = load_suite(suite)
+    return loaded.page_info() | {"scenarios": {s.name: dataclasses.asdict(s) for s in loaded.scenarios}}
 
 
 def _compare(args) -> int:
@@ -188,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Bad input, reported in one line with exit status 2 (imported late: `list` must not load torch)."""
-    from bench.datasets import DataError
-    from bench.scenario import SpecError
-    from bench.store import StoreError
+    from bench.data.loading import DataError
+    from bench.federation.scenario import SpecError
+    from bench.run.store import StoreError
 
     return (SpecError, StoreError, DataError, UnknownName, FileNotFoundError, ValueError)
 

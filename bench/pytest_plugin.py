@@ -32,7 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "leakbench_cell" in metafunc.fixturenames:
-        from bench.spec import load_suite
+        from bench.run.spec import load_suite
 
         suite = load_suite(metafunc.config.getoption("--leakbench-suite"))
         metafunc.parametrize("leakbench_cell", suite.cells, ids=[cell_id(c) for c in suite.cells])
@@ -42,7 +42,7 @@ class CellRunner:
     """Runs single cells, sharing federated runs per group and writing each record to the store."""
 
     def __init__(self, out: Path, data_root: str | None, suite=None) -> None:
-        from bench.store import Store
+        from bench.run.store import Store
 
         self.store = Store(out / "leakbench.sqlite")
         self.data_root = data_root
@@ -53,7 +53,7 @@ class CellRunner:
             self.store.set_info(suite.name, suite.page_info())
 
     def run_cell(self, cell) -> dict:
-        from bench.runner import failed, federate, score_cell
+        from bench.run.cells import failed, federate, score_cell
 
         self.store.add_member(cell.suite, cell.cell_id)
         self.federation_s[cell.cell_id] = 0.0
@@ -81,7 +81,7 @@ class CellRunner:
 
 @pytest.fixture(scope="session")
 def leakbench_runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CellRunner:
-    from bench.spec import load_suite
+    from bench.run.spec import load_suite
 
     out = request.config.getoption("--leakbench-out")
     suite = load_suite(request.config.getoption("--leakbench-suite"))

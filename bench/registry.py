@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import pkgutil
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, Generic, Iterator, TypeVar
@@ -97,17 +98,23 @@ METRICS: Registry[Any] = Registry("metrics")
 SUITES: Registry[Any] = Registry("suites")
 KINDS = {r.kind: r for r in (DATASETS, MODELS, DEFENSES, ATTACKS, METRICS, SUITES)}
 
-_BUILTIN_PACKAGES = ("bench.datasets", "bench.models", "bench.text_models", "defenses", "attacks", "metrics", "leaderboards")
+_BUILTIN_MODULES = ("bench.data.vision", "bench.data.text", "bench.models.vision", "bench.models.text", "leaderboards")
+_PLUGIN_PACKAGES = ("defenses", "attacks", "metrics")   # every module inside registers what it defines
 _discovered = False
 
 
 def discover() -> None:
-    """Import the built-in packages and every installed plugin, once."""
+    """Import the built-in modules, every module of the built-in plugin packages (a new defense, attack
+    or metric is one file there) and every installed plugin, once."""
     global _discovered
     if _discovered:
         return
     _discovered = True
-    for package in _BUILTIN_PACKAGES:
-        importlib.import_module(package)
+    for name in _BUILTIN_MODULES:
+        importlib.import_module(name)
+    for name in _PLUGIN_PACKAGES:
+        package = importlib.import_module(name)
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
+            importlib.import_module(info.name)
     for registry in KINDS.values():
         registry.load_entry_points()

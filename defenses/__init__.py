@@ -1,3 +1,1 @@
-"""Built-in defenses; importing the package registers each one."""
-from defenses import (base, dictpfl, dp, maskcrypt, noise, plaintext, selective, selectiveshield,  # noqa: F401
-                      sensecrypt, shelora)
+"""Built-in defenses: every module here registers what it defines (bench.registry discovers them)."""

@@ -6,9 +6,9 @@ the members (chance, unless the members were seen before federation).
 """
 from __future__ import annotations
 
-from bench.defense import Defense
+from bench.protocol.defense import Defense
+from bench.protocol.wire import Payload
 from bench.registry import DEFENSES
-from bench.wire import Payload
 
 
 @DEFENSES.register("base", "reference row: the model before federated training (nothing uploaded or applied)")

@@ -55,16 +55,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.defense import Defense, encrypt_part, unpack
-from bench.keys import TOPOLOGIES, provision
+from bench.crypto.keys import TOPOLOGIES, provision
+from bench.protocol.defense import Defense
+from bench.protocol.evidence import run_metric
+from bench.protocol.payloads import encrypt_part, unpack
+from bench.protocol.wire import CipherPart, Payload
 from bench.registry import DEFENSES
-from bench.wire import CipherPart, Payload
 from defenses.selective import SelectiveHE
-
 
 # ------------------------------------------------------------------------------------ DePE
 
 _DICTIONARIES: dict[tuple, torch.Tensor] = {}
+
+run_metric("pruned_fraction", "", None, "cost", "mean fraction of update entries left off the wire per round (DictPFL "
+           "encryption-aware pruning)")
 
 
 def dictionary(weight: torch.Tensor, rank: int | None, scaled: bool = True) -> torch.Tensor:

@@ -10,7 +10,7 @@ pitfall 11c). Under fixed-size sampling W is the number sampled, i.e. the unifor
 average; under Poisson sampling it is McMahan's fixed-denominator estimator (dividing
 by the realized count would make the denominator itself depend on who took part).
 Gaussian noise makes the sum carry std z*C (z*C/W on the estimate), and an RDP ledger
-(bench.privacy) is stepped once per round with the user-level rate
+(bench.federation.accounting) is stepped once per round with the user-level rate
 q = clients_per_round / num_clients. The ledger is the only source of z, and noise
 cannot be drawn for a round it has not accounted. The engine forces the attacked client
 into the attack round and never runs an empty Poisson round; the accounting ignores
@@ -50,10 +50,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from bench.defense import Defense, Party
-from bench.privacy import RdpLedger, noise_for_epsilon
+from bench.federation.accounting import RdpLedger, noise_for_epsilon
+from bench.protocol.defense import Defense, Party
+from bench.protocol.wire import Payload, PlainPart, Upload
 from bench.registry import DEFENSES
-from bench.wire import Payload, PlainPart, Upload
 
 
 def clip_update(update: dict[str, torch.Tensor], clip: float) -> tuple[dict[str, torch.Tensor], float]:

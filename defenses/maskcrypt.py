@@ -14,7 +14,7 @@ upload happen in the same round (Plato alternates rounds, halving training round
 proposal traffic is counted in that round. Default rho: 0.05 for MNIST-size inputs,
 0.10 for 3-channel (CIFAR/ResNet) inputs, as in Plato's configs.
 
-Budget matching (`match_bytes`, `bytes_ratio`; bench/budget.py): rho is set so the packed vector
+Budget matching (`match_bytes`, `bytes_ratio`; bench/federation/budget.py): rho is set so the packed vector
 fills the whole ciphertexts that cost the target bytes (bytes per ciphertext measured on a real
 encryption with this run's key), and the union is capped at that many entries, so the upload's
 ciphertext bytes equal the target to within one ciphertext's rounding; a target above the cost
@@ -25,12 +25,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bench.budget import check_target
 from bench.crypto import open_encryptor
-from bench.defense import Defense, hybrid_payload
-from bench.keys import TOPOLOGIES, provision
+from bench.crypto.keys import TOPOLOGIES, provision
+from bench.federation.budget import check_target
+from bench.protocol.defense import Defense
+from bench.protocol.payloads import hybrid_payload
+from bench.protocol.wire import Message, Payload
 from bench.registry import DEFENSES
-from bench.wire import Message, Payload
 
 
 def round_robin_union(proposals: list[np.ndarray]) -> np.ndarray:

@@ -13,9 +13,9 @@ import zlib
 import numpy as np
 import torch
 
-from bench.defense import Defense
+from bench.protocol.defense import Defense
+from bench.protocol.wire import Payload, dense_payload
 from bench.registry import DEFENSES
-from bench.wire import Payload, dense_payload
 
 
 @DEFENSES.register("gaussian-noise", "absolute Gaussian noise sigma on every gradient entry (DAGER's defense; no DP)")

@@ -1,7 +1,7 @@
 """Plaintext FedAvg: the reference row every defense is compared with; everything is visible."""
 from __future__ import annotations
 
-from bench.defense import Defense
+from bench.protocol.defense import Defense
 from bench.registry import DEFENSES
 
 

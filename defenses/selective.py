@@ -13,10 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bench.defense import Defense, encrypt_part, hybrid_payload, pack, unpack
-from bench.keys import TOPOLOGIES, provision
+from bench.crypto.keys import TOPOLOGIES, provision
+from bench.protocol.defense import Defense
+from bench.protocol.payloads import encrypt_part, hybrid_payload, pack, unpack
+from bench.protocol.wire import Payload, Upload
 from bench.registry import DEFENSES
-from bench.wire import Payload, Upload
 from defenses.scores import RULES, SCORES, select
 
 

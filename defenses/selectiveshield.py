@@ -38,11 +38,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.defense import Defense, hybrid_payload, sum_cipher
-from bench.keys import provision
-from bench.privacy import RdpLedger, noise_for_epsilon
+from bench.crypto.keys import provision
+from bench.federation.accounting import RdpLedger, noise_for_epsilon
+from bench.protocol.defense import Defense
+from bench.protocol.evidence import run_metric
+from bench.protocol.payloads import hybrid_payload, sum_cipher
+from bench.protocol.wire import Message, Payload, PlainPart, Upload
 from bench.registry import DEFENSES
-from bench.wire import Message, Payload, PlainPart, Upload
+
+run_metric("enc_fraction", "", None, "cost", "SelectiveShield: fraction of a client's update in the encrypted zone")
+run_metric("pers_fraction", "", None, "cost", "SelectiveShield: fraction kept local in the personalized zone")
+run_metric("noise_fraction", "", None, "cost", "SelectiveShield: fraction in the DP-noised plaintext zone")
 
 
 def normalized_fisher(grads: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

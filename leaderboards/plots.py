@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from leaderboards.tables import attack_label, family_of, is_number
+from leaderboards.schema import family
+from leaderboards.tables import attack_label, is_number
 
 TRADEOFFS = (("upload_bytes", "cost", "upload bytes per client per round (log)", True),
              ("accuracy", "utility", "test accuracy of the global model", False))
@@ -61,7 +62,7 @@ def tradeoff(table: dict[str, Any], x_key: str, x_label: str, log_x: bool, path:
     if not pts and not floor:
         return False
     reference = [r["metrics"][key.key] for row in table["rows"] for r in row["records"]
-                 if family_of(r["attack"]) == "reference" and is_number(r["metrics"].get(key.key))]
+                 if family(r) == "reference" and is_number(r["metrics"].get(key.key))]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.6))
     ys = [p[1] for p in pts] + ([sum(reference) / len(reference)] if reference else [])
@@ -134,6 +135,6 @@ def scenario_plots(table: dict[str, Any], records: list[dict[str, Any]], out: Pa
         if tradeoff(table, x_key, label, log_x, out / name):
             made.append({"path": name, "title": f"privacy vs {kind}"})
     name = f"plots/{stem}--roc.png"
-    if roc([r for r in records if family_of(r["attack"]) == "membership"], out / name):
+    if roc([r for r in records if family(r) == "membership"], out / name):
         made.append({"path": name, "title": "membership ROC (log-log)"})
     return made

@@ -17,6 +17,7 @@ from leaderboards.export import write_exports
 from leaderboards.figures import draw
 from leaderboards.paper import paper_rows
 from leaderboards.plots import scenario_plots
+from leaderboards.schema import described, schema_of
 from leaderboards.tables import attack_label, clear_not_attacked, defense_label, scenario_table
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -73,8 +74,7 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
 
 def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_dir: str | Path) -> Path:
     """Write the exports, plots and index.html of these records into out_dir."""
-    from bench.registry import METRICS
-
+    records = described(records)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in (out / "plots").glob("*.png"):  # plots/ belongs to the renderer: no stale plot survives
@@ -84,7 +84,7 @@ def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_
               for s in dict.fromkeys(r["suite"] for r in records)]
     title = "LeakBench · " + (suites[0]["name"] if len(suites) == 1 else "leaderboard")
     html = _env().get_template("index.html.j2").render(suites=suites, title=title,
-                                                        schema=[e.obj for e in METRICS.entries()])
+                                                        schema=list(schema_of(records).values()))
     (out / "index.html").write_text(html)
     return out / "index.html"
 

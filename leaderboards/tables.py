@@ -21,6 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from leaderboards.schema import family, schema_of
+
 FAMILY_ORDER = ("image", "text", "membership", "label", "")   # order of the strongest columns
 HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "rouge2", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "lnacc",
             "leacc", "label_acc")   # within a family, the headline metrics first (the first column ranks)
@@ -39,11 +41,6 @@ def _label(name: str, params: dict[str, Any], scenario: str) -> str:
     """name(k=v, ...); a parameter given per scenario (a table keyed by scenario names) shows this scenario's value."""
     shown = {k: (v[scenario] if isinstance(v, dict) and scenario in v else v) for k, v in params.items()}
     return name + ("(" + ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) + ")" if shown else "")
-
-
-def family_of(attack: str) -> str:
-    from bench.registry import ATTACKS
-    return getattr(ATTACKS.get(attack), "family", "") if attack in ATTACKS else ""
 
 
 def is_number(value: Any) -> bool:
@@ -70,11 +67,6 @@ class Group:
     columns: list[Column] = field(default_factory=list)
 
 
-def _schema() -> dict[str, Any]:
-    from bench.registry import METRICS
-    return {e.name: e.obj for e in METRICS.entries()}
-
-
 def _column(m, group: str) -> Column:
     return Column(m.name, group, m.title, m.unit, m.arrow, m.lower_is_better,
                   m.description)
@@ -92,9 +84,9 @@ def worst(values: list[tuple[float, str]], lower_is_better: bool | None) -> tupl
 
 
 def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
-    schema = _schema()
+    schema = schema_of(records)
     attacks = list(dict.fromkeys(attack_label(r) for r in records))
-    families = {a: family_of(next(r["attack"] for r in records if attack_label(r) == a)) for a in attacks}
+    families = {a: family(next(r for r in records if attack_label(r) == a)) for a in attacks}
     groups: list[Group] = []
     reported: dict[str, set[str]] = {}  # metric -> families of the (non-reference) attacks reporting it
     for att in attacks:

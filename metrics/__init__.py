@@ -1,5 +1,2 @@
-"""Privacy, utility and cost metrics; importing the package registers them all."""
-from metrics import labels, leakage, membership, run, text, vision  # noqa: F401  (registration)
-from metrics.schema import Evidence, Metric, metric
-
-__all__ = ["Evidence", "Metric", "metric"]
+"""Privacy, utility and cost metrics: every module here registers its metrics under the schema of
+bench/protocol/evidence.py (bench.registry discovers them)."""

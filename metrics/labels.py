@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
 
-from metrics.schema import Evidence, metric
+from bench.protocol.evidence import Evidence, metric
 
 
 def _counts(ev: Evidence) -> tuple[np.ndarray, np.ndarray] | None:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from sklearn.neighbors import KernelDensity
 
-from metrics.schema import Evidence, metric
+from bench.protocol.evidence import Evidence, metric
 
 
 def _standardize(a: np.ndarray) -> np.ndarray | None:
@@ -53,18 +53,43 @@ def kde_mutual_information(x: np.ndarray, s: np.ndarray, *, max_samples: int = 2
     return max(0.0, float(mi.mean()))
 
 
-def _seen(value: torch.Tensor) -> torch.Tensor:
-    return torch.nan_to_num(value.detach().double(), nan=0.0)
+def _pairs(ev: Evidence, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(the client's update, the server's estimate of it) over `names`, position by position: what it saw,
+    minus the global weights it knows where the protocol uploads trained weights; hidden entries as 0."""
+    weights = ev.knowledge is not None and ev.knowledge.uploads_weights
+    xs, ss = [], []
+    for n in names:
+        x = ev.truth.update[n].detach().double().reshape(-1)
+        if n in ev.view.values:
+            seen = ev.view.values[n].detach().double()
+            if weights:
+                seen = seen - torch.nan_to_num(ev.knowledge.global_params[n].detach().double(), nan=0.0)
+            s = torch.nan_to_num(seen, nan=0.0).reshape(-1)
+        else:
+            s = torch.zeros_like(x)
+        xs.append(x)
+        ss.append(s)
+    return torch.cat(xs).numpy(), torch.cat(ss).numpy()
+
+
+def _applies(ev: Evidence) -> bool:
+    return ev.truth is not None and ev.view is not None and bool(getattr(ev.truth, "update", None))
 
 
 @metric("kde_mi", "nats", True, "privacy",
-        "KDE mutual information between the client's full update and what the server sees of it (SHE-LoRA F.3)", display="KDE MI", per_attack=False)
+        "KDE mutual information between the client's full update and the server's estimate of it from what it sees "
+        "(SHE-LoRA F.3)", display="KDE MI", per_attack=False)
 def kde_mi(ev: Evidence):
-    if ev.truth is None or ev.view is None or not getattr(ev.truth, "update", None):
+    if not _applies(ev):
         return None
-    names = list(ev.truth.update)
-    missing = [n for n in names if n not in ev.view.values]
-    x = torch.cat([ev.truth.update[n].detach().double().reshape(-1) for n in names])
-    s = torch.cat([torch.zeros(ev.truth.update[n].numel(), dtype=torch.float64) if n in missing
-                   else _seen(ev.view.values[n]).reshape(-1) for n in names])
-    return kde_mutual_information(x.numpy(), s.numpy())
+    return kde_mutual_information(*_pairs(ev, list(ev.truth.update)))
+
+
+@metric("kde_mi_protected", "nats", True, "privacy",
+        "KDE MI as kde_mi, over the parameters the defense hides at least in part (SHE-LoRA Fig. 10: its LoRA-A "
+        "factors); none when it hides nothing", display="KDE MI (protected)", per_attack=False)
+def kde_mi_protected(ev: Evidence):
+    if not _applies(ev):
+        return None
+    names = [n for n in ev.truth.update if n not in ev.view.visible or not bool(ev.view.visible[n].all())]
+    return kde_mutual_information(*_pairs(ev, names)) if names else None

@@ -21,7 +21,7 @@ import numpy as np
 from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from metrics.schema import Evidence, metric
+from bench.protocol.evidence import Evidence, metric
 
 MIN_NONMEMBERS_FOR_0_1 = 1000
 BOOTSTRAP = 1000

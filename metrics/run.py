@@ -1,7 +1,7 @@
 """Utility and cost metrics: values the federation measured from real outputs, read off the run record."""
 from __future__ import annotations
 
-from metrics.schema import metric, run_value
+from bench.protocol.evidence import metric, run_value
 
 _RUN = [
     # name, unit, lower_is_better, kind, description, fmt, timing
@@ -34,34 +34,5 @@ metric("attack_s", "s", None, "cost", "attack wall time per attacked upload", fm
 
 for _name, _desc in (("encrypted_fraction", "fraction of update entries actually encrypted (after union/consensus)"),
                      ("head_weight_encrypted", "fraction of the classifier head's weight entries encrypted"),
-                     ("head_bias_encrypted", "fraction of the classifier head's bias entries encrypted"),
-                     ("enc_fraction", "SelectiveShield: fraction of a client's update in the encrypted zone"),
-                     ("pers_fraction", "SelectiveShield: fraction kept local in the personalized zone"),
-                     ("noise_fraction", "SelectiveShield: fraction in the DP-noised plaintext zone")):
+                     ("head_bias_encrypted", "fraction of the classifier head's bias entries encrypted")):
     metric(_name, "", None, "cost", _desc, fmt="{:.3f}", per_target=False)(run_value(_name))
-
-metric("ari", "", False, "utility", "SenseCrypt clustering: adjusted Rand index against the scenario's data categories",
-       per_target=False)(run_value("ari"))
-metric("silhouette", "", False, "utility", "SenseCrypt clustering: silhouette of the clusters on the sensitivity distances",
-       per_target=False)(run_value("silhouette"))
-metric("round_time_max_s", "s", True, "cost", "modelled round time: slowest client's protection time (scaled by its CPU "
-       "share) plus upload over its bandwidth", per_target=False, timing=True)(run_value("round_time_max_s"))
-metric("round_time_mean_s", "s", True, "cost", "modelled client time per round, mean over clients", per_target=False,
-       timing=True)(run_value("round_time_mean_s"))
-metric("mask_feasible_fraction", "", False, "privacy", "share of client masks meeting the security level and the MI "
-       "bound within the budget", per_target=False)(run_value("mask_feasible_fraction"))
-metric("accuracy_own_labels", "", False, "utility", "mean over clients of its model's test accuracy on its own label "
-       "distribution", per_target=False)(run_value("accuracy_own_labels"))
-metric("pruned_fraction", "", None, "cost", "mean fraction of update entries left off the wire per round (DictPFL "
-       "encryption-aware pruning)", per_target=False)(run_value("pruned_fraction"))
-metric("kde_mi_lora_a", "nats", True, "privacy", "SHE-LoRA Fig. 10: KDE mutual information between the attacked client's "
-       "LoRA-A factors and what the server sees of them (encrypted columns as 0)", per_target=False)(
-    run_value("kde_mi_lora_a"))
-metric("perplexity_true", "", True, "utility", "SHE-LoRA Table 14: perplexity of the base model plus the decrypted "
-       "aggregated Delta W", fmt="{:.1f}", per_target=False)(run_value("perplexity_true"))
-metric("perplexity_masked", "", None, "privacy", "SHE-LoRA Table 14: perplexity with the encrypted columns of Delta W "
-       "zeroed (the server's usable model)", fmt="{:.1f}", per_target=False)(run_value("perplexity_masked"))
-metric("cluster_count", "", None, "utility", "SenseCrypt: clusters used for per-cluster FedAvg (after one-client "
-       "clusters merge into their nearest)", per_target=False)(run_value("cluster_count"))
-metric("single_upload_aggregates", "", True, "privacy", "SenseCrypt: (round, cluster) aggregates of one upload, which "
-       "the key server decrypts to that client's own update", per_target=False)(run_value("single_upload_aggregates"))

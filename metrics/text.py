@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from metrics.schema import Evidence, metric
+from bench.protocol.evidence import Evidence, metric
 
 _SCORER = None
 

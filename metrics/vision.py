@@ -1,7 +1,7 @@
 """Image-reconstruction metrics: PSNR, SSIM, LPIPS after one-to-one Hungarian matching."""
 from __future__ import annotations
 
-from metrics.schema import Evidence, metric
+from bench.protocol.evidence import Evidence, metric
 
 
 def _scores(ev: Evidence) -> dict | None:

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from bench.spec import parse_suite
+from bench.run.spec import parse_suite
 
 TINY_SCENARIO = {"name": "tiny", "dataset": "digits", "model": "mlp", "num_clients": 2, "clients_per_round": 2,
                  "rounds": 1, "max_train": 120, "max_test": 60, "seed": 0}

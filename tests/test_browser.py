@@ -4,13 +4,16 @@ import shutil
 
 import pytest
 
+from bench.registry import ATTACKS, METRICS
 from leaderboards.render import render
 
 
 def _record(scenario, defense, attack, status, metrics, reason=""):
     return {"cell_id": f"{scenario}-{defense}-{attack}", "suite": "browser", "scenario": scenario,
             "defense": defense, "defense_params": {}, "attack": attack, "attack_params": {}, "status": status,
-            "reason": reason, "metrics": metrics, "details": {"key_topology": "shared client key"}}
+            "reason": reason, "metrics": metrics,
+            "details": {"key_topology": "shared client key", "family": ATTACKS.get(attack).family,
+                        "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics}}}
 
 
 def _records():

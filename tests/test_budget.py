@@ -4,12 +4,12 @@ import os
 import pytest
 
 import defenses.shelora  # noqa: F401  (registers she-lora)
-from bench.budget import _reference_bytes, apply_budget, parse_label
-from bench.datasets import load_dataset
-from bench.federation import run_federation
+from bench.data.loading import load_dataset
+from bench.federation.budget import _reference_bytes, apply_budget, parse_label
+from bench.federation.engine import run_federation
+from bench.federation.scenario import Scenario, SpecError
 from bench.registry import DEFENSES
-from bench.scenario import Scenario, SpecError
-from bench.spec import parse_suite
+from bench.run.spec import parse_suite
 
 SCENARIO = Scenario(name="t", dataset="sst2", model="gpt2-lora", model_params={"n_embd": 64, "n_layer": 1,
                     "n_head": 2, "lora_r": 32}, num_clients=2, clients_per_round=2, rounds=1, seq_len=12,

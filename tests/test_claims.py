@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.claims import Claims
-from bench.runner import run_suite
-from bench.store import Store
+from bench.run.leases import Claims
+from bench.run.runner import run_suite
+from bench.run.store import Store
 from tests.conftest import TINY_SCENARIO, tiny_scenarios_toml, tiny_suite
 
 SUITE = f"""
@@ -30,8 +30,8 @@ name = "random-guess"
 RUNNER = """
 import json, os, sys, time
 from pathlib import Path
-from bench.spec import load_suite
-from bench.runner import run_suite
+from bench.run.spec import load_suite
+from bench.run.runner import run_suite
 suite = load_suite(sys.argv[1])
 go = Path(sys.argv[3])
 Path(sys.argv[4]).touch()                # ready: imports done

@@ -28,7 +28,7 @@ def test_list_shows_parameters_units_and_does_not_import_torch_once_cached(tmp_p
 
 def test_version(capsys):
     from bench.cli import main
-    from bench.version import package_version
+    from bench.run.version import package_version
     try:
         main(["--version"])
     except SystemExit as done:

@@ -6,34 +6,34 @@ import json
 import pytest
 import torch
 
-from bench import compute
 from bench.cli import main
+from bench.models import torch_device
 
 
 @pytest.fixture(autouse=True)
 def _restore_device(monkeypatch):
-    monkeypatch.setenv(compute.ENV, "cpu")   # the CLI sets it for the process; put it back after each test
+    monkeypatch.setenv(torch_device.ENV, "cpu")   # the CLI sets it for the process; put it back after each test
 
 
 def test_resolve(monkeypatch):
-    assert compute.resolve("cpu") == "cpu"
+    assert torch_device.resolve("cpu") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert compute.resolve("auto") == "cpu"
+    assert torch_device.resolve("auto") == "cpu"
     with pytest.raises(ValueError, match="^--device cuda: torch sees no CUDA GPU"):
-        compute.resolve("cuda")
+        torch_device.resolve("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert compute.resolve("auto") == compute.resolve("cuda") == "cuda"
+    assert torch_device.resolve("auto") == torch_device.resolve("cuda") == "cuda"
     with pytest.raises(ValueError, match="--device must be one of auto, cpu, cuda, got 'gpu'"):
-        compute.resolve("gpu")
+        torch_device.resolve("gpu")
 
 
 def test_use_sets_the_process_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert compute.use("auto") == "cpu"
-    assert compute.device() == torch.device("cpu") and compute.device_name() == "cpu"
-    monkeypatch.setenv(compute.ENV, "cuda")      # inherited by a worker on a machine without a GPU
+    assert torch_device.use("auto") == "cpu"
+    assert torch_device.device() == torch.device("cpu") and torch_device.device_name() == "cpu"
+    monkeypatch.setenv(torch_device.ENV, "cuda")      # inherited by a worker on a machine without a GPU
     with pytest.raises(ValueError, match="no CUDA GPU"):
-        compute.device()
+        torch_device.device()
 
 
 @pytest.mark.parametrize("choice, message", [("cuda", "--device cuda: torch sees no CUDA GPU"),

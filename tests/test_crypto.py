@@ -7,8 +7,18 @@ import tenseal as ts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.crypto import (PARAM_SETS, CKKSParams, CryptoError, KeyMaterial, choose_ckks_params, ckks_keygen,
-                          open_aggregator, open_decryptor, open_encryptor, paillier_keygen)
+from bench.crypto import (
+    PARAM_SETS,
+    CKKSParams,
+    CryptoError,
+    KeyMaterial,
+    choose_ckks_params,
+    ckks_keygen,
+    open_aggregator,
+    open_decryptor,
+    open_encryptor,
+    paillier_keygen,
+)
 from bench.crypto.ckks import to_grid
 from bench.crypto.params import GRID, HEADER_BYTES
 

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import tenseal as ts
 
-from bench.crypto import PARAM_SETS, CryptoError, ckks_keygen, open_aggregator, open_decryptor, open_encryptor
-from bench.crypto import parallel
+from bench.crypto import PARAM_SETS, CryptoError, ckks_keygen, open_aggregator, open_decryptor, open_encryptor, parallel
 from bench.crypto.ckks import to_grid
 from bench.crypto.params import HEADER_BYTES, frame
 

@@ -4,11 +4,11 @@ import torch
 
 from attacks.dager import visible_block
 from attacks.dager_span import make_span, rank_of, spectrum
-from bench.attack import Reconstruction
 from bench.cli import main
-from bench.runner import run_group
-from bench.spec import parse_suite
-from metrics.schema import Evidence
+from bench.protocol.attack import Reconstruction
+from bench.protocol.evidence import Evidence
+from bench.run.cells import run_group
+from bench.run.spec import parse_suite
 from metrics.text import exact_match, rouge1, rouge2, token_acc
 
 
@@ -90,8 +90,8 @@ def test_cached_decoder_step_equals_the_full_forward(lora):
 
 
 def test_decoder_matching_and_rouge_metrics(data_root):
-    from bench.datasets import resolve_data_root
-    from bench.text_datasets import encode, get_tokenizer
+    from bench.data.loading import resolve_data_root
+    from bench.data.text import encode, get_tokenizer
     tok = get_tokenizer(resolve_data_root(data_root))
     refs = ["a gripping film", "dull and slow"]
     x = encode(tok, refs, 8)
@@ -137,8 +137,8 @@ def test_fully_encrypted_view_is_blocked_by_design(data_root):
 
 
 def test_dager_on_images_is_refused_at_load():
-    from bench.runner import preflight
-    from bench.scenario import SpecError
+    from bench.federation.scenario import SpecError
+    from bench.run.preflight import preflight
 
     suite = parse_suite({"name": "t", "scenarios": [{"name": "s", "dataset": "digits", "model": "mlp",
                          "num_clients": 1, "clients_per_round": 1, "rounds": 1, "max_train": 20, "max_test": 10}],

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from bench import datasets as ds
-from bench import text_datasets
-from bench.datasets import DATA_ENV, DataError, Dataset, load_dataset, resolve_data_root
+from bench.data import vision as ds
+from bench.data import text as text_datasets
+from bench.data.loading import DATA_ENV, DataError, Dataset, load_dataset, resolve_data_root
+from bench.federation.partition import partition
 from bench.models import build_model, classifier_head, update_names
-from bench.partition import partition
 from bench.registry import MODELS, UnknownName
 
 TEXT_MODELS = {"gpt2", "gpt2-lora", "minilm"}

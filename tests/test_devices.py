@@ -1,9 +1,9 @@
 """Device profiles are scenario data, and a suite may give a defense different parameters per scenario."""
 import pytest
 
-from bench.devices import CATALOGS, assign
-from bench.scenario import Scenario, SpecError
-from bench.spec import parse_suite
+from bench.federation.client_devices import CATALOGS, assign
+from bench.federation.scenario import Scenario, SpecError
+from bench.run.spec import parse_suite
 
 
 def scenario(**kw):

@@ -8,20 +8,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.datasets import load_dataset
-from bench.federation import build_federation, local_update, run_federation
+from bench.data.loading import load_dataset
+from bench.federation.engine import build_federation, local_update, run_federation
+from bench.federation.scenario import Scenario
 from bench.models import build_model, classifier_head, update_names
-from bench.pretrain import pretrain
+from bench.models.losses import TASKS
+from bench.models.pretrain import pretrain
+from bench.protocol.evidence import metric, run_value
+from bench.protocol.view import hidden_leak_free
+from bench.protocol.wire import Upload
 from bench.registry import ATTACKS, METRICS
-from bench.runner import federate, run_group
-from bench.scenario import Scenario
-from bench.spec import parse_suite
-from bench.tasks import TASKS
-from bench.view import hidden_leak_free
-from bench.wire import Upload
+from bench.run.cells import federate, run_group
+from bench.run.spec import parse_suite
 from defenses.dictpfl import DictPFL, FedHETop2, PrME, _svd_dictionary
 from metrics.images import score_images
-from metrics.schema import metric, run_value
 
 if "pruned_fraction" not in METRICS:
     metric("pruned_fraction", "", None, "cost", "mean fraction of update entries left off the wire per round "

@@ -11,15 +11,15 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-import bench.privacy as privacy
+import bench.federation.accounting as privacy
 import defenses.dp  # noqa: F401  (registers dp-fedavg, dp-fedavg-local)
-from bench.datasets import load_dataset
-from bench.defense import Defense
-from bench.federation import build_federation, run_federation
-from bench.privacy import RdpLedger, noise_for_epsilon
+from bench.data.loading import load_dataset
+from bench.federation.accounting import RdpLedger, noise_for_epsilon
+from bench.federation.engine import build_federation, run_federation
+from bench.federation.scenario import Scenario
+from bench.protocol.defense import Defense
+from bench.protocol.wire import CipherPart, Payload, Upload
 from bench.registry import DEFENSES, METRICS
-from bench.scenario import Scenario
-from bench.wire import CipherPart, Payload, Upload
 from defenses.dp import DPFedAvg, DPFedAvgLocal, clip_update
 
 CLIP = 0.05   # below the attacked gradient's norm (~0.23), so clipping really happens
@@ -118,7 +118,7 @@ def test_inner_cannot_be_dp():
 @pytest.fixture
 def epsilon_metrics():
     """The run-metric schema entries metrics/run.py carries, registered here if absent."""
-    from metrics.schema import metric, run_value
+    from bench.protocol.evidence import metric, run_value
     rows = [("epsilon", True, "privacy"), ("noise_multiplier", None, "privacy"), ("clip", None, "privacy"),
             ("upload_noise_multiplier", None, "privacy")]
     added = [name for name, *_ in rows if name not in METRICS]
@@ -140,7 +140,7 @@ def test_run_accounts_every_round(name, data, scenario, epsilon_metrics):
     assert run.metrics["noise_multiplier"] == 1.0 and run.metrics["clip"] == CLIP
     assert run.details["dp"]["sample_rate"] == 0.5 and run.details["dp"]["steps"] == 3
     assert run.details["key_topology"] == "none"
-    from bench.runner import _run_metrics
+    from bench.run.cells import _run_metrics
     assert _run_metrics(run.metrics)["epsilon"] == run.metrics["epsilon"]
 
 
@@ -298,7 +298,7 @@ def _inner_cases():
 def test_dp_composes_exactly_or_refuses_at_load(inner, params, tmp_path, capsys):
     """Every defense: DP-FedAvg around it decodes sum / W of the clipped updates, or the suite does not load."""
     from bench.cli import main
-    from bench.federation import local_update
+    from bench.federation.engine import local_update
 
     inner_cls = DEFENSES.get(inner)
     if not inner_cls.decodes_weighted_sum:

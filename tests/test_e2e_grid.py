@@ -4,7 +4,8 @@ A defense or attack missing from these lists fails tests/test_registry.py.
 """
 import pytest
 
-from bench.runner import preflight, run_group
+from bench.run.cells import run_group
+from bench.run.preflight import preflight
 from tests.conftest import tiny_suite
 
 GRID_DEFENSES = [

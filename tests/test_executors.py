@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.executors import LocalExecutor, ProcessExecutor, RayExecutor
-from bench.runner import run_suite
-from bench.spec import load_suite
-from bench.store import Store
+from bench.run.executors import LocalExecutor, ProcessExecutor, RayExecutor
+from bench.run.runner import run_suite
+from bench.run.spec import load_suite
+from bench.run.store import Store
 from tests.conftest import tiny_scenarios_toml
 from tests.test_reproducible import assert_same, comparable
 
@@ -164,7 +164,7 @@ def test_ray_tasks_get_the_driver_settings_and_data_root(ray_session, grid, tmp_
 
 def test_records_from_other_code_are_refused(grid, tmp_path):
     def elsewhere(cells, data_root, run_id, on_round=None):
-        from bench.executors import compute
+        from bench.run.executors import compute
         records = compute(cells, data_root, run_id)
         for rec in records:
             rec["environment"]["fingerprint"] = "0ther0code"

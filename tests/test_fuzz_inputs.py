@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.store import Store
+from bench.registry import METRICS
+from bench.run.store import Store
 
 BASE = {"name": "fuzz", "scenarios": [{"name": "s1", "dataset": "digits", "model": "mlp", "num_clients": 2,
                                        "clients_per_round": 2, "rounds": 1, "max_train": 120, "max_test": 60}],
@@ -229,7 +230,8 @@ def _seed_store(out: Path) -> None:
     store = Store(out / "leakbench.sqlite")
     store.put({"cell_id": "c0ffee", "scenario": "kept", "defense": "plaintext", "defense_params": {},
                "attack": "idlg", "attack_params": {}, "status": "ok", "reason": "", "metrics": {"psnr": 12.5},
-               "details": {}, "config": {}, "environment": {}})
+               "details": {"family": "image", "metric_schema": {"psnr": METRICS.get("psnr").snapshot()}},
+               "config": {}, "environment": {}})
     store.set_membership("earlier", ["c0ffee"], {"description": "", "notes": "", "figures": []})
     store.close()
 
@@ -394,14 +396,14 @@ def test_malformed_input_through_a_real_process(cid, tmp_path):
 
 def test_listed_checksums_are_torchvisions():
     tvd = pytest.importorskip("torchvision.datasets")
-    from bench.datacheck import _MD5, CIFAR10_MD5
+    from bench.data.checks import _MD5, CIFAR10_MD5
     for folder, cls in (("MNIST", tvd.MNIST), ("FashionMNIST", tvd.FashionMNIST)):
         assert {f: m for f, m in cls.resources} == {f: m for f, m in _MD5[folder].items() if f.endswith(".gz")}
     assert dict(tvd.CIFAR10.train_list + tvd.CIFAR10.test_list) == CIFAR10_MD5
 
 
 def test_the_shared_data_root_passes(data_root):
-    from bench.datacheck import check_dataset
+    from bench.data.checks import check_dataset
     assert check_dataset("mnist", Path(data_root)).train_size == 60000
     assert check_dataset("fashion-mnist", Path(data_root)).train_size == 60000
 

@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from bench.crypto import CryptoError
 from bench.crypto.params import GRID
-from bench.datasets import load_dataset
-from bench.defense import hybrid_payload
-from bench.federation import build_federation, local_update, run_federation
+from bench.data.loading import load_dataset
+from bench.federation.engine import build_federation, local_update, run_federation
+from bench.federation.scenario import Scenario
+from bench.protocol.payloads import hybrid_payload
+from bench.protocol.view import ServerView, hidden_leak_free
+from bench.protocol.wire import Upload
 from bench.registry import DEFENSES
-from bench.scenario import Scenario
-from bench.view import ServerView, hidden_leak_free
-from bench.wire import Upload
 
 HE_DEFENSES = ["fedhe-full", "fedml-he", "maskcrypt", "selective"]
 
@@ -85,7 +85,7 @@ def test_full_he_server_view_is_empty():
 @given(seed=st.integers(0, 1000), density=st.floats(0.0, 1.0))
 def test_encrypted_positions_never_reach_the_view(seed, density):
     fed = _fed(num_clients=2, model="mlp")
-    from bench.keys import provision
+    from bench.crypto.keys import provision
     provision(fed, "shared-client-key")
     rng = np.random.default_rng(seed)
     update = {n: torch.from_numpy(rng.normal(size=s).astype(np.float32)) for n, s in fed.shapes.items()}
@@ -138,7 +138,7 @@ class _Garbling(DEFENSES.get("fedhe-full")):
         elif self.fault == "garble":
             blob = blob[:100] + bytes(b ^ 0xFF for b in blob[100:140]) + blob[140:]
         else:  # another key's context
-            from bench.crypto import ckks_keygen, open_encryptor, PARAM_SETS
+            from bench.crypto import PARAM_SETS, ckks_keygen, open_encryptor
             other = ckks_keygen(PARAM_SETS["n4096"])
             blob = open_encryptor(other.public_only(), client.name).encrypt(np.zeros(10))[0]
         from dataclasses import replace
@@ -183,7 +183,7 @@ params = {{ reconstruct = false }}
 
 def test_mask_of_wrong_length_is_named():
     fed = _fed(num_clients=2)
-    from bench.keys import provision
+    from bench.crypto.keys import provision
     provision(fed, "shared-client-key")
     update = {n: torch.zeros(s) for n, s in fed.shapes.items()}
     name = fed.names[0]

@@ -9,14 +9,13 @@ import torch
 
 from attacks.baselines import IDLGExtended, RandomGuess
 from attacks.ilrg import ILRG, ILRGGuarded, official_embeddings
-from bench.attack import Setting
-from bench.datasets import load_dataset
-from bench.federation import Truth
+from bench.data.loading import load_dataset
 from bench.models import build_model, classifier_head
-from bench.view import Knowledge, ServerView
-from bench.wire import Payload, PlainPart, Upload, dense_payload
+from bench.protocol.attack import Setting
+from bench.protocol.evidence import Evidence, Truth
+from bench.protocol.view import Knowledge, ServerView
+from bench.protocol.wire import Payload, PlainPart, Upload, dense_payload
 from metrics.labels import irec, label_f1, leacc, lnacc
-from metrics.schema import Evidence
 from tests.conftest import fedsgd_update
 
 LR = 0.1
@@ -136,7 +135,7 @@ def test_hidden_head_runs_and_recovers_nothing(digits):
 
 def test_ilrg_is_blocked_under_full_he_and_falls_to_the_reference_row_when_the_head_is_hidden():
     from bench.registry import DEFENSES
-    from bench.runner import run_group
+    from bench.run.cells import run_group
     from tests.conftest import tiny_suite
 
     selective = DEFENSES.get("selective")
@@ -212,8 +211,8 @@ def test_baselines_produce_counts(digits):
 
 
 def test_ilrg_cell_through_the_runner():
-    from bench.runner import run_group
-    from bench.spec import parse_suite
+    from bench.run.cells import run_group
+    from bench.run.spec import parse_suite
 
     suite = parse_suite({
         "name": "ilrg-e2e",

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.inversion import (GradientTarget, Recipe, idlg_labels, image_blocked, invert, label_source,
-                               total_variation)
+from attacks.inversion import GradientTarget, Recipe, idlg_labels, invert, label_source, total_variation
+from bench.protocol.view import ServerView
+from bench.protocol.wire import Payload, PlainPart, Upload
 from bench.registry import ATTACKS
-from bench.runner import federate, run_group
-from bench.view import ServerView
-from bench.wire import Payload, PlainPart, Upload
+from bench.run.cells import federate, run_group
 from metrics.images import score_images
 from tests.conftest import tiny_suite
 

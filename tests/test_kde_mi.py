@@ -4,11 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bench.federation import Truth
-from bench.view import ServerView
-from bench.wire import Payload, PlainPart, Upload, dense_payload
+from bench.protocol.evidence import Evidence, Truth
+from bench.protocol.view import ServerView
+from bench.protocol.wire import Payload, PlainPart, Upload, dense_payload
 from metrics.leakage import kde_mi, kde_mutual_information
-from metrics.schema import Evidence
 
 
 def gaussian(n: int = 20_000, seed: int = 1) -> np.ndarray:

@@ -3,9 +3,10 @@ mean +- std; the site re-rendered from stored results; exports, compare, paper-v
 import json
 
 from bench.cli import main
+from bench.registry import ATTACKS, METRICS
 from leaderboards.export import compare, load_frame
-from leaderboards.render import render
 from leaderboards.plots import pareto
+from leaderboards.render import render
 from leaderboards.tables import scenario_table
 
 
@@ -14,7 +15,9 @@ def rec(defense, attack, status="ok", reason="", scenario="s", suite="t", **metr
     metrics = {k: (sum(v) / len(v) if isinstance(v, list) else v) for k, v in metrics.items()}
     return {"cell_id": f"{scenario}-{defense}-{attack}", "suite": suite, "scenario": scenario, "defense": defense,
             "defense_params": {}, "attack": attack, "attack_params": {}, "status": status, "reason": reason,
-            "metrics": metrics, "details": {"per_target": per_target}}
+            "metrics": metrics, "details": {"per_target": per_target, "family": ATTACKS.get(attack).family
+                                            if attack in ATTACKS else "",
+                                            "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics}}}
 
 
 def _cells(table, defense):

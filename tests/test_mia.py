@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from bench.attack import Reconstruction
-from bench.membership import MembershipKnowledge
+from bench.protocol.attack import Reconstruction
+from bench.protocol.evidence import Evidence
+from bench.protocol.view import Knowledge, MembershipKnowledge, ServerView
 from bench.registry import ATTACKS
-from bench.view import Knowledge, ServerView
 from metrics import membership as mm
-from metrics.schema import Evidence
-
 
 # ----------------------------------------------------------------------------- metrics
 
@@ -108,7 +106,7 @@ def image_case():
 
 
 def load_initial(knowledge):
-    from bench.membership import load
+    from bench.protocol.view import load
     if not hasattr(knowledge, "_initial_model"):
         object.__setattr__(knowledge, "_initial_model", load(knowledge, knowledge.global_params))
     return knowledge._initial_model
@@ -218,7 +216,7 @@ def _mia_suite(defenses, attacks):
 
 def test_same_seed_gives_identical_scores_and_shadow_time_is_reported():
     from attacks.mia import common
-    from bench.runner import run_group
+    from bench.run.cells import run_group
     suite = _mia_suite(["plaintext"], ["mia-loss", ("mia-lira", {"shadows": 2}), "mia-grad-cosine"])
     first = list(run_group(list(suite.cells), None))
     common._SHADOWS.clear()   # retrain the shadows: determinism must not come from the cache
@@ -233,7 +231,7 @@ def test_same_seed_gives_identical_scores_and_shadow_time_is_reported():
 
 
 def test_full_he_blocks_model_attacks_and_base_is_chance():
-    from bench.runner import run_group
+    from bench.run.cells import run_group
     suite = _mia_suite(["fedhe-full", "base"], ["mia-loss", "mia-grad-cosine"])
     records = {(r["defense"], r["attack"]): r for cells in ([suite.cells[0], suite.cells[1]],
                                                               [suite.cells[2], suite.cells[3]])
@@ -257,7 +255,7 @@ def test_infinite_scores_keep_their_rank_and_all_nan_is_unavailable():
 # ----------------------------------------------------------------------------- candidate pools
 
 def test_length_matching_pairs_each_member_with_a_held_out_sequence_of_its_length():
-    from bench.membership import _length_matched
+    from bench.federation.candidates import _length_matched
     rng = np.random.default_rng(0)
     members = rng.integers(2, 9, size=200)               # short, like SST-2's training phrases
     pool = rng.permutation(np.r_[rng.integers(2, 9, size=600), np.full(1400, 16)])   # mostly long, like its dev sentences
@@ -283,17 +281,17 @@ def _nuisance_scores(x: torch.Tensor, pad) -> dict[str, np.ndarray]:
 def test_mia_suite_pools_carry_no_signal_without_a_model(data_root, scenario):
     """Members and non-members of the committed suite must not differ in length, compressibility or
     brightness: such a difference puts every attack on the base row away from chance."""
-    from bench import membership
-    from bench.datasets import load_dataset
-    from bench.federation import build_federation
-    from bench.spec import load_suite
+    from bench.data.loading import load_dataset
+    from bench.federation import candidates
+    from bench.federation.engine import build_federation
+    from bench.run.spec import load_suite
     sc = next(s for s in load_suite("mia").scenarios if s.name == scenario)
     data = load_dataset(sc.dataset, data_root, max_train=sc.max_train, max_test=sc.max_test, seed=sc.seed,
                         seq_len=sc.seq_len)
     fed = build_federation(sc, data)
     params = fed.params()
     known = {n: torch.ones(s, dtype=torch.bool) for n, s in fed.shapes.items()}
-    mk, labels = membership.select(fed, known, params, params)
+    mk, labels = candidates.select(fed, known, params, params)
     assert labels.sum() == sc.mia_size and len(labels) == 2 * sc.mia_size
     for name, score in _nuisance_scores(mk.candidates_x, getattr(data, "pad_id", None)).items():
         assert abs(mm.auroc(score, labels) - 0.5) <= 0.05, f"{scenario}: a {name}-only score separates the pools"

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from attacks.negotiation import split_classes, spread
-from bench.runner import run_group
+from bench.run.cells import run_group
 from tests.conftest import tiny_suite
 
 SCENARIO = {"model": "mlp-tiny", "partition": "k-classes", "classes_per_client": 3, "num_clients": 4,

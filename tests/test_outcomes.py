@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from bench.cli import main
-from bench.defense import Defense
+from bench.protocol.defense import Defense
 from bench.registry import DEFENSES
-from bench.runner import run_suite
-from bench.store import Store
+from bench.run.runner import run_suite
+from bench.run.store import Store
 from tests.conftest import tiny_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def test_a_divergence_after_round_zero_keeps_the_last_finite_model(tmp_path):
 
 
 def test_a_membership_attack_without_mia_size_gets_the_default_pool(tmp_path):
-    from bench.membership import DEFAULT_SIZE
+    from bench.federation.candidates import DEFAULT_SIZE
 
     summary = run_suite(tiny_suite(["plaintext"], ["mia-loss"], max_test=80, mia_aux=20), tmp_path)
     assert summary.ok == 1, summary.failures

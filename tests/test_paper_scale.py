@@ -9,9 +9,9 @@ import tomllib
 from pathlib import Path
 
 from bench.registry import SUITES
-from bench.runner import run_suite
-from bench.spec import parse_suite
-from bench.store import Store
+from bench.run.runner import run_suite
+from bench.run.spec import parse_suite
+from bench.run.store import Store
 
 SLICE = {"rounds": 1, "num_clients": 2, "clients_per_round": 2, "local_epochs": 1, "max_train": 240, "max_test": 64,
          "attack_repeats": 1, "model_params": {"width": 8}}

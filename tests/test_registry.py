@@ -14,7 +14,7 @@ def test_unknown_name_suggests_the_closest():
 
 def test_outside_plugin_is_discovered_listed_and_runnable(tmp_path, monkeypatch, capsys):
     (tmp_path / "toy_plugin.py").write_text(textwrap.dedent('''
-        from bench.defense import Defense
+        from bench.protocol.defense import Defense
 
         class ToyDefense(Defense):
             """toy: plaintext FedAvg from an outside package"""
@@ -31,7 +31,7 @@ def test_outside_plugin_is_discovered_listed_and_runnable(tmp_path, monkeypatch,
         from bench.cli import main
         assert main(["list", "defenses"]) == 0
         assert "toy" in capsys.readouterr().out
-        from bench.runner import run_group
+        from bench.run.cells import run_group
         from tests.conftest import tiny_suite
         suite = tiny_suite(["toy"], [("idlg", {"reconstruct": False})])
         record = next(run_group(list(suite.cells), None))
@@ -55,7 +55,7 @@ def test_every_registered_defense_and_attack_is_in_the_e2e_grid():
 
 
 def test_every_attack_declares_a_family():
-    from bench.attack import FAMILIES
+    from bench.protocol.attack import FAMILIES
     from bench.registry import ATTACKS
 
     missing = {e.name: getattr(e.obj, "family", "") for e in ATTACKS.entries()

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-import bench.version
-from bench.attack import Attack
+import bench.run.version
 from bench.cli import main
+from bench.protocol.attack import Attack
 from bench.registry import ATTACKS
-from bench.runner import run_suite
-from bench.store import Store
+from bench.run.runner import run_suite
+from bench.run.store import Store
 from tests.conftest import tiny_suite
 
 
@@ -23,9 +23,9 @@ def _fingerprints(out):
 def test_rerun_after_a_code_change_recomputes(tmp_path, monkeypatch):
     suite = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False})])
     assert run_suite(suite, tmp_path).ok == 1
-    assert _fingerprints(tmp_path) == {"idlg": bench.version.code_fingerprint()}
+    assert _fingerprints(tmp_path) == {"idlg": bench.run.version.code_fingerprint()}
     assert run_suite(suite, tmp_path).skipped == 1
-    monkeypatch.setattr(bench.version, "code_fingerprint", lambda: "0000changedcode")
+    monkeypatch.setattr(bench.run.version, "code_fingerprint", lambda: "0000changedcode")
     again = run_suite(suite, tmp_path)
     assert (again.ok, again.skipped, again.stale) == (1, 0, 1)
     assert _fingerprints(tmp_path) == {"idlg": "0000changedcode"}

@@ -1,13 +1,12 @@
 """SelectiveShield: zones move with tau and rho, two servers, personalization off the wire, accounting."""
 import numpy as np
 import pytest
-import torch
 from opacus.accountants import RDPAccountant
 
-from bench.datasets import load_dataset
-from bench.federation import run_federation
+from bench.data.loading import load_dataset
+from bench.federation.engine import run_federation
+from bench.federation.scenario import Scenario
 from bench.registry import DEFENSES
-from bench.scenario import Scenario
 
 SC = Scenario(name="ss", dataset="digits", model="mlp", num_clients=4, clients_per_round=4, rounds=1, max_train=400,
               partition="dirichlet", alpha=0.5, attack_batch_size=8)
@@ -32,7 +31,7 @@ def test_encrypted_zone_shrinks_as_tau_and_rho_rise(data):
 
 
 def test_personalized_zone_never_on_the_wire(data):
-    from bench.federation import build_federation
+    from bench.federation.engine import build_federation
     defense = DEFENSES.get("selectiveshield")(noise=False, tau=0.02, rho=0.9)
     fed = build_federation(SC, data, defense)
     run = run_federation(SC, data, defense, fed=fed)
@@ -48,7 +47,7 @@ def test_personalized_zone_never_on_the_wire(data):
 
 
 def test_parties_hold_the_right_keys(data):
-    from bench.federation import build_federation
+    from bench.federation.engine import build_federation
     fed = build_federation(SC, data)
     defense = DEFENSES.get("selectiveshield")(noise=False)
     defense.setup(fed)
@@ -58,8 +57,8 @@ def test_parties_hold_the_right_keys(data):
 
 
 def test_ilrg_recovers_more_as_tau_rises(data):
-    from bench.runner import score_cell
-    from bench.spec import Cell, Component
+    from bench.run.cells import score_cell
+    from bench.run.spec import Cell, Component
     scores = {}
     for tau in (0.01, 1.0):
         run, _ = _run(data, tau=tau)

@@ -10,17 +10,17 @@ import torch
 
 import defenses.sensecrypt  # noqa: F401  (registers sensecrypt, sensecrypt-dp, paillier-full, maskcrypt-paillier)
 from bench.crypto import CryptoError, open_decryptor
-from bench.datasets import load_dataset
-from bench.devices import Device
-from bench.federation import build_federation, local_update, run_federation
+from bench.data.loading import load_dataset
+from bench.federation.client_devices import Device
+from bench.federation.engine import build_federation, local_update, run_federation
+from bench.federation.scenario import Scenario
+from bench.protocol.evidence import metric, run_value
+from bench.protocol.view import ServerView, hidden_leak_free
+from bench.protocol.wire import Upload
 from bench.registry import DEFENSES, METRICS
-from bench.scenario import Scenario
-from bench.view import ServerView, hidden_leak_free
-from bench.wire import Upload
 from defenses.sensecrypt import percluster
 from defenses.sensecrypt.profiles import budgets, device_profiles
 from defenses.sensecrypt.selection import histogram_mi, solve_mask
-from metrics.schema import metric, run_value
 
 KEY = 512
 SCHEMA = [  # name, lower_is_better, kind, timing
@@ -231,7 +231,7 @@ def test_paillier_baselines_aggregate_exactly(name, params):
 
 
 def test_suite_cells_run_and_report_the_clustering_and_round_time():
-    from bench.runner import run_group
+    from bench.run.cells import run_group
     from tests.conftest import tiny_suite
 
     for name, params in [("sensecrypt", {"key_bits": KEY}), ("sensecrypt-dp", {"key_bits": KEY, "dp_epsilon": 100.0}),
@@ -266,7 +266,7 @@ def plain_train(fed, params: dict[str, torch.Tensor], client, gen: torch.Generat
 
 def test_cluster_models_follow_plain_per_cluster_fedavg_over_several_rounds():
     """Members train from their cluster's model; each cluster model becomes its members' weighted mean."""
-    from bench.federation import _set_entries
+    from bench.federation.state import set_entries as _set_entries
 
     defense = DEFENSES.get("sensecrypt")(key_bits=KEY, ratio_cap=0.05)
     fed = build_federation(scenario(n=6, k=5), DATA, defense)
@@ -316,7 +316,7 @@ def test_one_client_clusters_merge_into_the_nearest():
 
 
 def test_no_cluster_of_one_and_the_record_keeps_the_client_list():
-    from bench.runner import run_group
+    from bench.run.cells import run_group
     from tests.conftest import tiny_suite
 
     # one class per client, 5 clients: AP (seed 0) leaves one client in a cluster of its own

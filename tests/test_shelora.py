@@ -4,13 +4,13 @@ import pytest
 import torch
 
 import defenses.shelora  # noqa: F401  (registers she-lora, flex-lora)
-from bench.datasets import load_dataset
-from bench.devices import Device
-from bench.federation import build_federation, local_update
+from bench.data.loading import load_dataset
+from bench.federation.client_devices import Device
+from bench.federation.engine import build_federation, local_update
+from bench.federation.scenario import Scenario
+from bench.protocol.view import ServerView, hidden_leak_free
+from bench.protocol.wire import Upload
 from bench.registry import DEFENSES
-from bench.scenario import Scenario
-from bench.view import ServerView, hidden_leak_free
-from bench.wire import Upload
 from defenses.shelora import lora, negotiation
 
 RANKS, BUDGETS = (1, 2, 2, 3), (0.0, 0.1, 0.2, 0.3)   # n = 32 columns: k = 0, 3, 6, 9; sum of ranks = lora_r

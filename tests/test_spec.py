@@ -1,8 +1,8 @@
 """Suite validation: every fault is one line naming it and the closest valid value."""
 import pytest
 
-from bench.scenario import SpecError
-from bench.spec import parse_suite
+from bench.federation.scenario import SpecError
+from bench.run.spec import parse_suite
 from tests.conftest import TINY_SCENARIO, tiny_suite
 
 
@@ -49,6 +49,6 @@ def test_sweeps_expand_to_a_product():
 
 def test_builtin_suites_load():
     from bench.registry import SUITES
-    from bench.spec import load_suite
+    from bench.run.spec import load_suite
     for name in SUITES.names():
         assert load_suite(name).cells

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from bench.cli import main
-from bench.runner import run_suite
-from bench.store import Store, StoreError
+from bench.run.runner import run_suite
+from bench.run.store import Store, StoreError
 from tests.conftest import tiny_suite
 
 
@@ -107,7 +107,7 @@ name = "idlg"
 
 def test_failed_cells_are_recorded_and_exit_nonzero(tmp_path, capsys, monkeypatch):
     """A cell that fails at run time (here an attack that raises) is stored with its reason; exit 1."""
-    from bench.attack import Attack
+    from bench.protocol.attack import Attack
     from bench.registry import ATTACKS, Entry
 
     class Boom(Attack):

@@ -1,8 +1,8 @@
 """A tiny text scenario runs end to end: bench/ holds no image assumption."""
 import pytest
 
-from bench.runner import run_group
-from bench.spec import parse_suite
+from bench.run.cells import run_group
+from bench.run.spec import parse_suite
 
 
 def test_lora_lm_on_sst2_runs_end_to_end(data_root):
@@ -22,7 +22,7 @@ def test_lora_lm_on_sst2_runs_end_to_end(data_root):
 
 def test_sst2_sentences_are_the_whole_dev_sentences(data_root):
     """sst2-sentences-cls holds GLUE's 872 dev sentences (split 90/10), not the train split's short phrases."""
-    from bench.datasets import resolve_data_root
+    from bench.data.loading import resolve_data_root
     from bench.registry import DATASETS
     root = resolve_data_root(data_root)
     sentences = DATASETS.get("sst2-sentences-cls")(root, 0, 64)

@@ -6,12 +6,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.datasets import load_dataset
-from bench.federation import build_federation, run_federation
+from bench.data.loading import load_dataset
+from bench.federation.engine import build_federation, run_federation
+from bench.federation.scenario import Scenario
+from bench.protocol.view import ServerView, hidden_leak_free
+from bench.protocol.wire import LAYOUTS, Message, Payload, PlainPart, Upload
 from bench.registry import DEFENSES
-from bench.scenario import Scenario
-from bench.view import ServerView, hidden_leak_free
-from bench.wire import LAYOUTS, Message, Payload, PlainPart, Upload
 
 shapes = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
 names_ = st.text("abcdefgh ()_", min_size=1, max_size=12)

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from bench.crypto import PARAM_SETS, CryptoError, ckks_keygen, open_aggregator, open_decryptor, open_encryptor
-from bench.defense import sum_plain
-from bench.wire import CipherPart, Payload, PlainPart, Upload, WireError
+from bench.protocol.payloads import sum_plain
+from bench.protocol.wire import CipherPart, Payload, PlainPart, Upload, WireError
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -134,7 +134,7 @@ def test_un_weighted_uploads_beyond_headroom_no_longer_overflow_silently():
 
 
 def test_server_view_names_the_sender_of_a_bad_mask():
-    from bench.view import ServerView
+    from bench.protocol.view import ServerView
     part = PlainPart(np.ones(3, "<f4").tobytes(), (2, 2), np.array([True, True, True], bool))
     with pytest.raises(WireError, match=r"^client-7: the mask of 'w' has 3 entries"):
         ServerView.of(Upload("client-7", 0, 1.0, Payload(plain={"w": part})), {"w": (2, 2)})

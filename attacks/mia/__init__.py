@@ -1,2 +1,1 @@
-"""Membership inference attacks (image and language model); importing registers them."""
-from attacks.mia import image, text  # noqa: F401
+"""Membership inference attacks (image and language model); each module registers its attacks."""

@@ -13,9 +13,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench.attack import Attack, Reconstruction, Setting
-from bench.membership import load, model_blocked
-from bench.view import Knowledge, ServerView
+from bench.protocol.attack import Attack, Reconstruction, Setting
+from bench.protocol.view import Knowledge, ServerView, load, model_blocked
 
 
 class ModelMIA(Attack):

@@ -27,11 +27,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attacks.mia.common import (ModelMIA, logit_confidence, logits_of, per_sample_loss, shadow_models)
-from bench.attack import Attack, Reconstruction
-from bench.membership import load
+from attacks.mia.common import ModelMIA, logit_confidence, logits_of, per_sample_loss, shadow_models
+from bench.protocol.attack import Attack, Reconstruction
+from bench.protocol.view import Knowledge, ServerView, load
 from bench.registry import ATTACKS
-from bench.view import Knowledge, ServerView
 
 
 @ATTACKS.register("mia-loss", "LOSS membership attack (Yeom et al.): -loss on the assembled final model")

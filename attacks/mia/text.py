@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from attacks.mia.common import ModelMIA
+from bench.protocol.view import Knowledge
 from bench.registry import ATTACKS
-from bench.view import Knowledge
 
 
 @dataclass

@@ -6,9 +6,17 @@ the aggregation server refuses material that carries a secret key, and decryptio
 from __future__ import annotations
 
 from bench.crypto.ckks import CKKSAggregator, CKKSDecryptor, CKKSEncryptor, ckks_keygen
-from bench.crypto.paillier import (PaillierAggregator, PaillierDecryptor, PaillierEncryptor, paillier_keygen)
-from bench.crypto.params import (PARAM_SETS, Aggregator, CKKSParams, CryptoError, Decryptor, Encryptor,
-                                 KeyMaterial, choose_ckks_params)
+from bench.crypto.paillier import PaillierAggregator, PaillierDecryptor, PaillierEncryptor, paillier_keygen
+from bench.crypto.params import (
+    PARAM_SETS,
+    Aggregator,
+    CKKSParams,
+    CryptoError,
+    Decryptor,
+    Encryptor,
+    KeyMaterial,
+    choose_ckks_params,
+)
 
 __all__ = ["CryptoError", "CKKSParams", "PARAM_SETS", "choose_ckks_params", "KeyMaterial", "ckks_keygen",
            "paillier_keygen", "Encryptor", "Aggregator", "Decryptor", "open_encryptor", "open_aggregator",

@@ -26,8 +26,7 @@ import numpy as np
 import tenseal as ts
 
 from bench.crypto.parallel import map_chunks
-from bench.crypto.params import (GRID, Aggregator, CKKSParams, CryptoError, Decryptor, Encryptor, KeyMaterial,
-                                 frame)
+from bench.crypto.params import GRID, Aggregator, CKKSParams, CryptoError, Decryptor, Encryptor, KeyMaterial, frame
 
 
 def to_grid(values: np.ndarray) -> np.ndarray:

@@ -17,12 +17,13 @@ import time
 import numpy as np
 import torch
 
-from bench.configurable import Configurable
-from bench.defense import Defense, hybrid_payload
-from bench.keys import provision
+from bench.crypto.keys import provision
+from bench.protocol.configurable import Configurable
+from bench.protocol.defense import Defense
+from bench.protocol.payloads import hybrid_payload
+from bench.protocol.wire import Message, Payload
 from bench.registry import DEFENSES
-from bench.wire import Message, Payload
-from defenses.maskcrypt import MaskCrypt, round_robin_union
+from defenses.maskcrypt import MaskCrypt
 from defenses.sensecrypt.evaluation import own_label_accuracy
 from defenses.sensecrypt.profiles import RoundClock, device_profiles
 

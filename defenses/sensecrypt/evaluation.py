@@ -10,7 +10,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from bench.protocol.evidence import run_metric
 from defenses.sensecrypt.clustering import model_at
+
+run_metric("ari", "", False, "utility", "SenseCrypt clustering: adjusted Rand index against the scenario's data categories")
+run_metric("silhouette", "", False, "utility", "SenseCrypt clustering: silhouette of the clusters on the sensitivity "
+           "distances")
+run_metric("round_time_max_s", "s", True, "cost", "modelled round time: slowest client's protection time (scaled by its "
+           "CPU share) plus upload over its bandwidth", timing=True)
+run_metric("round_time_mean_s", "s", True, "cost", "modelled client time per round, mean over clients", timing=True)
+run_metric("mask_feasible_fraction", "", False, "privacy", "share of client masks meeting the security level and the MI "
+           "bound within the budget")
+run_metric("accuracy_own_labels", "", False, "utility", "mean over clients of its model's test accuracy on its own label "
+           "distribution")
+run_metric("cluster_count", "", None, "utility", "SenseCrypt: clusters used for per-cluster FedAvg (after one-client "
+           "clusters merge into their nearest)")
+run_metric("single_upload_aggregates", "", True, "privacy", "SenseCrypt: (round, cluster) aggregates of one upload, "
+           "which the key server decrypts to that client's own update")
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from bench.crypto import open_aggregator, open_decryptor, open_encryptor
-from bench.wire import CipherPart, Payload, PlainPart, Upload
+from bench.protocol.wire import CipherPart, Payload, PlainPart, Upload
 
 SCHEME = "paillier"
 

@@ -5,7 +5,7 @@ scenario's partition: with `k-classes` a client's category is the exact set of c
 holds (every holder of a class gets all of its share, so the set is exact); with `iid`
 every client is in one category; with `dirichlet` there is none (ARI is then not reported).
 
-Devices are scenario data (bench/devices.py): section 4.1's system heterogeneity is the
+Devices are scenario data (bench/federation/client_devices.py): section 4.1's system heterogeneity is the
 `sensecrypt-4.1` catalog assigned `by-category` (within each data category the clients take,
 in index order, 50, 45, 40, 35, 30 MBps and 24, 16, 12, 10, 8 CPUs, cycling when a category has
 more than five clients); its homogeneous setting is the `uniform` catalog (50 MBps, 32 CPUs).
@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench import devices
+from bench.federation import client_devices
+
 
 def data_groups(fed) -> list[int] | None:
     """Ground-truth category index per client, or None when the partition defines none."""
-    return devices.data_groups([c.y for c in fed.clients], fed.scenario.partition)
+    return client_devices.data_groups([c.y for c in fed.clients], fed.scenario.partition)
 
 
 def device_profiles(fed) -> tuple[list[float], list[float]]:

@@ -28,13 +28,23 @@ import time
 import numpy as np
 import torch
 
-from bench.defense import Defense
-from bench.keys import provision
+from bench.crypto.keys import provision
+from bench.protocol.defense import Defense
+from bench.protocol.wire import Message, Payload
 from bench.registry import DEFENSES
-from bench.wire import Message, Payload
 from defenses.sensecrypt import percluster
-from defenses.sensecrypt.clustering import (PREFERENCES, affinity_propagation, cluster_scores, distances, dp_noise,
-                                            dp_sigma, merge_singletons, model_at, sensitivity, warm_model)
+from defenses.sensecrypt.clustering import (
+    PREFERENCES,
+    affinity_propagation,
+    cluster_scores,
+    distances,
+    dp_noise,
+    dp_sigma,
+    merge_singletons,
+    model_at,
+    sensitivity,
+    warm_model,
+)
 from defenses.sensecrypt.evaluation import own_label_accuracy
 from defenses.sensecrypt.profiles import RoundClock, budgets, data_groups, device_profiles
 from defenses.sensecrypt.selection import SOLVERS, solve_mask

@@ -30,13 +30,18 @@ import numpy as np
 import torch
 
 from bench.crypto.params import KeyMaterial
-from bench.defense import Defense
+from bench.protocol.defense import Defense
+from bench.protocol.evidence import run_metric
+from bench.protocol.wire import CipherPart, Payload, PlainPart
 from bench.registry import DEFENSES
-from bench.wire import CipherPart, Payload, PlainPart
 from defenses.shelora import he, lora, negotiation
-from metrics.leakage import kde_mutual_information
 
 RULES = ("max", "min", "random")
+
+run_metric("perplexity_true", "", True, "utility", "SHE-LoRA Table 14: perplexity of the base model plus the decrypted "
+           "aggregated Delta W", fmt="{:.1f}")
+run_metric("perplexity_masked", "", None, "privacy", "SHE-LoRA Table 14: perplexity with the encrypted columns of Delta W "
+           "zeroed (the server's usable model)", fmt="{:.1f}")
 
 
 @DEFENSES.register("she-lora", "SHE-LoRA: OPE-negotiated column subsets of LoRA-A under CKKS, server-side "
@@ -100,7 +105,6 @@ class SheLoRA(Defense):
                 c.local[layer.b][:, self.ranks[c.name]:] = 0.0
         self.order: dict[str, list[int]] | None = None
         self.requests: dict[str, bytes] = {}
-        self.observed: dict | None = None
         self.costs: dict[str, list] = {}
 
     def _columns(self, client) -> int:
@@ -163,10 +167,6 @@ class SheLoRA(Defense):
         r, k = self.ranks[client.name], self.ks[client.name]
         rng = np.random.default_rng([fed.scenario.seed, fed.round, client.index, 0xD9])
         plain, cipher = {}, []
-        attacked = (client.index == fed.scenario.attack_client and fed.round == fed.scenario.attack_round
-                    and self.observed is None)
-        if attacked:
-            self.observed = {}
         enc_s = 0.0
         for layer in self.layers:
             a = trained[layer.a].double().numpy()[:r]
@@ -177,10 +177,10 @@ class SheLoRA(Defense):
                 b = b + rng.normal(0.0, std, b.shape)
             order = self.order[layer.a]
             swap = lora.swap_order(self.n, order)
-            shown = np.zeros((self.r_max, self.n))
-            shown[:r] = a[:, swap]
+            shown = np.zeros((self.r_max, self.n))   # each entry at its parameter position: the view is
+            shown[:r] = a                              # positional; the swap is public and re-applied on read
             mask = np.zeros((self.r_max, self.n), bool)
-            mask[:r, : self.n - k] = True
+            mask[:r, swap[: self.n - k]] = True
             plain[layer.a] = PlainPart.of(torch.from_numpy(shown), mask)
             b_full = np.zeros((self.m, self.r_max))
             b_full[:, :r] = b
@@ -194,10 +194,6 @@ class SheLoRA(Defense):
                 enc_s += time.perf_counter() - tic
                 cipher.append(CipherPart("ckks", tuple(blobs), ((layer.a, ~mask & (np.arange(self.r_max) < r)[:, None]),),
                                          r * k))
-            if attacked:
-                seen = np.zeros_like(a)
-                seen[:, swap[: self.n - k]] = a[:, swap[: self.n - k]]
-                self.observed[layer.a] = (a, seen)
         for name in self.extra:
             plain[name] = PlainPart.of(trained[name])
         meta = {"she-lora negotiation (OPE)": self.requests.pop(client.name)} if client.name in self.requests else {}
@@ -217,7 +213,8 @@ class SheLoRA(Defense):
             for up in uploads:
                 r, k = self.ranks[up.sender], self.ks[up.sender]
                 b = up.payload.plain[layer.b].values().astype(np.float64).reshape(self.m, r)
-                a = up.payload.plain[layer.a].values().astype(np.float64).reshape(r, self.n - k)
+                swap = lora.swap_order(self.n, self.order[layer.a])
+                a = up.payload.plain[layer.a].dense().double().numpy()[:r][:, swap[: self.n - k]]
                 total[:, : self.n - k] += up.weight * (b @ a)
                 if k:
                     part = next(p for p in up.payload.cipher if p.layout[0][0] == layer.a)
@@ -279,10 +276,6 @@ class SheLoRA(Defense):
                         "encrypt_s": float(np.mean([c[2] for c in v]))} for t, v in sorted(self.costs.items())}
         out: dict = {"she_lora": {"ranks": dict(self.ranks), "columns": dict(self.ks), "by_device": per_type,
                                   "order": {a: list(v) for a, v in (self.order or {}).items()}}}
-        if self.observed:
-            full = np.concatenate([a.ravel() for a, _ in self.observed.values()])
-            seen = np.concatenate([s.ravel() for _, s in self.observed.values()])
-            out["kde_mi_lora_a"] = kde_mutual_information(full, seen)
         if hasattr(self, "last") and fed.data.task == "causal-lm":     # table 14 is about language modelling
             aggregate, party = self.last
             out["perplexity_true"] = self._perplexity(fed, self.delta_w(fed, aggregate, party))

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
+from bench.protocol.evidence import Evidence
 from bench.registry import ATTACKS
-from bench.runner import federate
-from bench.spec import parse_suite
-from metrics.schema import Evidence
+from bench.run.cells import federate
+from bench.run.spec import parse_suite
 from metrics.text import exact_match, rouge1
 
 CASES = {"smoke": ({"n_embd": 64, "n_head": 2}, 1, None), "d768": ({"n_embd": 768}, 4, 60.0)}

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from bench.cli import main
-from bench.runner import run_suite
-from bench.spec import load_suite
+from bench.run.runner import run_suite
+from bench.run.spec import load_suite
 from tests.test_reproducible import assert_same, comparable
 
 POOLS = ("process", "ray")

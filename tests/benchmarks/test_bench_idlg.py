@@ -5,8 +5,8 @@ Heavy (minutes): `pytest -m heavy tests/benchmarks`. The smoke variant runs in C
 import numpy as np
 import pytest
 
-from bench.runner import run_group
-from bench.spec import parse_suite
+from bench.run.cells import run_group
+from bench.run.spec import parse_suite
 
 
 def _cell(dataset, repeats, steps, max_train):

@@ -16,13 +16,12 @@ import torch
 
 from attacks.baselines import IDLGExtended, RandomGuess
 from attacks.ilrg import ILRG, ILRGGuarded
-from bench.datasets import load_dataset
-from bench.federation import Truth
+from bench.data.loading import load_dataset
 from bench.models import build_model, classifier_head
-from bench.view import Knowledge, ServerView
-from bench.wire import Upload, dense_payload
+from bench.protocol.evidence import Evidence, Truth
+from bench.protocol.view import Knowledge, ServerView
+from bench.protocol.wire import Upload, dense_payload
 from metrics.labels import irec, label_f1, leacc, lnacc
-from metrics.schema import Evidence
 from tests.conftest import fedsgd_update
 
 LR = 0.1

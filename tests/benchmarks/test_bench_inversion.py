@@ -7,8 +7,8 @@ Gradients (cosine + TV, signed Adam) must beat a grey image by a clear margin.
 import numpy as np
 import pytest
 
-from bench.runner import run_group
-from bench.spec import parse_suite
+from bench.run.cells import run_group
+from bench.run.spec import parse_suite
 
 
 def _cell(attack, params, repeats, defense="fedhe-top2"):

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.datasets import Dataset
+from bench.data.loading import Dataset
 from bench.registry import MODELS
 
 MINILM_VOCAB = 30522

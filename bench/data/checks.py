@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import math
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from bench.datasets import _HINT, DataError, resolve_data_root
+from bench.data.loading import _HINT, DataError
 
 # torchvision.datasets.MNIST.resources / FashionMNIST.resources, plus the decompressed files' md5
 _MD5 = {
@@ -159,28 +158,3 @@ def check_dataset(name: str, root: Path | None) -> DataInfo:
             if not (root / sub / f).is_file():
                 raise DataError(f"dataset '{name}' needs {sub}/{f} under the data root {root}; {_HINT}")
     return DataInfo(None, None)
-
-
-def check_suite_data(suite, data_root) -> None:
-    """Every scenario's data present and intact, and its attack setting within a client's share."""
-    from bench.scenario import SpecError
-
-    root = resolve_data_root(data_root)
-    infos: dict[str, DataInfo] = {}
-    for sc in suite.scenarios:
-        info = infos.setdefault(sc.dataset, check_dataset(sc.dataset, root))
-        where = f"scenario '{sc.name}'"
-        if info.num_classes is not None and sc.partition == "k-classes" and sc.classes_per_client > info.num_classes:
-            raise SpecError(f"{where}: classes_per_client {sc.classes_per_client} exceeds the {info.num_classes} "
-                            f"classes of {sc.dataset}; did you mean {info.num_classes}?")
-        if info.train_size is None:
-            continue
-        pool = min(info.train_size, sc.max_train or info.train_size)
-        private = int(pool * (1.0 - sc.public_fraction))
-        if private < sc.num_clients:
-            raise SpecError(f"{where}: {private} private training examples cannot be split over {sc.num_clients} "
-                            f"clients; did you mean max_train = {math.ceil(sc.num_clients / (1.0 - sc.public_fraction))}?")
-        share = private // sc.num_clients
-        if sc.attack_batch_size > share:
-            raise SpecError(f"{where}: attack_batch_size {sc.attack_batch_size} exceeds a client's share of the "
-                            f"data ({share} examples on average); did you mean {share}?")

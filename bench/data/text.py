@@ -1,5 +1,5 @@
 """Text datasets: SST-2 and rt-polarity as causal-LM sequences and as 2-class sentence classification,
-with the GPT-2 BPE tokenizer from the data root or MiniLM's WordPiece (bench/datasets.py has the loading
+with the GPT-2 BPE tokenizer from the data root or MiniLM's WordPiece (bench/data/loading.py has the loading
 contract: a read-only data root, cached raw arrays, seeded subsets taken before tokenizing)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bench.datasets import _HINT, DataError, Dataset, _raw, _raw_reader, _split, stratified_subset
+from bench.data.loading import _HINT, DataError, Dataset, _raw, _raw_reader, _split, stratified_subset
 from bench.registry import DATASETS
 
 

@@ -58,8 +58,8 @@ _REFERENCE: dict[tuple[str, str, str | None], float] = {}
 
 
 def _reference_bytes(sc, label: str, data_root: str | None) -> float:
-    from bench.datasets import load_dataset, resolve_data_root
-    from bench.federation import run_federation
+    from bench.data.loading import load_dataset, resolve_data_root
+    from bench.federation.engine import run_federation
     from bench.registry import DEFENSES
 
     key = (json.dumps(dataclasses.asdict(sc), sort_keys=True, default=str), label, data_root)

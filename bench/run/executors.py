@@ -55,7 +55,7 @@ Finished = tuple[Job, "list[dict[str, Any]] | BaseException"]
 def compute(cells: list, data_root: str | None, run_id: str,
             on_round: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """A group's records (on_round hears "round r/R" where the job runs in the driver)."""
-    from bench.runner import run_group
+    from bench.run.cells import run_group
 
     return list(run_group(cells, data_root, run_id, on_round))
 

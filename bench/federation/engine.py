@@ -9,151 +9,28 @@ attack_repeats > 1 the same client encodes further batches under the same defens
 """
 from __future__ import annotations
 
-import copy
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 import torch
 
-from bench import compute, membership
-from bench.attack import Setting
-from bench.costs import CostMeter
-from bench.devices import CATALOGS, Device, assign
-from bench.defense import Defense, Party
-from bench.models import build_model, classifier_head, update_names
-from bench.partition import partition
-from bench.pretrain import pretrain, split_public
-from bench.scenario import Scenario
-from bench.tasks import TASKS
-from bench.view import Knowledge, ServerView
-from bench.wire import Message, Payload, Traffic, Upload
-
-
-@dataclass
-class Client:
-    index: int
-    x: torch.Tensor
-    y: torch.Tensor
-    party: Party
-    local: dict[str, torch.Tensor] = field(default_factory=dict)  # personalized values, NaN where global
-    device: Device = field(default_factory=lambda: CATALOGS["uniform"]["uniform"][0])  # scenario data
-
-    def merged(self, global_params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The client's model: its personalized entries over the global model (SelectiveShield eq. 27)."""
-        return {n: torch.where(torch.isnan(self.local[n]), v, self.local[n]) if n in self.local else v
-                for n, v in global_params.items()}
-
-    @property
-    def name(self) -> str:
-        return self.party.name
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.y)
-
-
-@dataclass
-class Truth:
-    """Ground truth of one attacked upload; never handed to an attack."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    update: dict[str, torch.Tensor]
-    member: np.ndarray | None = None     # membership label per candidate (1 = member), in candidate order
-    client_y: torch.Tensor | None = None   # every label the attacked client holds (what negotiation may leak)
-
-
-@dataclass
-class Target:
-    view: ServerView
-    truth: Truth
-    knowledge: Knowledge
-
-
-@dataclass
-class Federation:
-    """Everything a defense hook may use; hooks receive the party they run at separately."""
-
-    scenario: Scenario
-    data: Any
-    task: Any
-    model: torch.nn.Module
-    names: list[str]
-    shapes: dict[str, tuple[int, ...]]
-    clients: list[Client]
-    parties: dict[str, Party]
-    traffic: Traffic
-    meter: CostMeter
-    rng: np.random.Generator
-    new_model: Callable[[], torch.nn.Module]
-    round: int = -1
-    cipher_sizes: list[int] = field(default_factory=list)
-    encrypted: dict[str, list[float]] = field(default_factory=dict)   # per-entry-name encrypted fractions
-
-    def observe(self, upload: Upload) -> None:
-        """Record what an aggregated upload really encrypted: sizes and per-parameter fractions."""
-        self.cipher_sizes.append(upload.payload.cipher_bytes)
-        counts = {n: 0 for n in self.names}
-        for part in upload.payload.cipher:
-            for name, mask in part.layout:
-                counts[name] += int(mask.sum())
-        for n in self.names:
-            total = int(np.prod(self.shapes[n])) if self.shapes[n] else 1
-            self.encrypted.setdefault(n, []).append(counts[n] / total)
-
-    def send(self, sender: str, receiver: str, what: str, message: Payload | Message | bytes | int) -> None:
-        """Log a message; bytes and Messages travel in the clear and are kept as sent (bytes: opaque
-        layout), Payloads are upload-like bodies, an int is a size whose content is not modelled."""
-        if isinstance(message, bytes):
-            message = Message(message)
-        size = message.nbytes if isinstance(message, (Payload, Message)) else int(message)
-        self.traffic.log(self.round, sender, receiver, what, size, message if isinstance(message, Message) else None)
-
-    def params(self) -> dict[str, torch.Tensor]:
-        state = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
-        return {n: state[n].detach().clone() for n in self.names}
-
-    def gradient(self, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
-        """Gradient of the task loss on (x, y) at the given (default: global) model, computed where the model
-        lives, returned on the CPU."""
-        model = model or self.model
-        dev = compute.model_device(model)
-        model.zero_grad()
-        self.task.loss(model, x.to(dev), y.to(dev)).backward()
-        params = dict(model.named_parameters())
-        return {n: params[n].grad.detach().cpu().clone() if n in params and params[n].grad is not None
-                else torch.zeros(self.shapes[n]) for n in self.names}
-
-
-@dataclass
-class FederationRun:
-    targets: list[Target]
-    knowledge: Knowledge
-    metrics: dict[str, Any]
-    details: dict[str, Any]
-    diverged: str | None = None    # why training stopped early (a non-finite update, loss or model), else None
-
-
-class Diverged(Exception):
-    """Training produced a non-finite value: the run stops at this round (an outcome, not an error)."""
-
-    def __init__(self, round: int, what: str):
-        super().__init__(f"training diverged at round {round}: {what} is not finite (NaN or inf)")
-        self.round = round
-
-
-def require_finite(values: dict[str, torch.Tensor], round: int, what: str) -> None:
-    if not all(bool(torch.isfinite(v).all()) for v in values.values() if v.is_floating_point()):
-        raise Diverged(round, what)
-
-
-def _set_entries(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
-    state = dict(model.named_parameters()) | dict(model.named_buffers())
-    with torch.no_grad():
-        for name, value in values.items():
-            state[name].copy_(value)
+from bench.federation import candidates
+from bench.federation.client_devices import assign
+from bench.federation.costs import CostMeter
+from bench.federation.partition import partition
+from bench.federation.measure import encryption_breakdown, run_metrics, server_view_knowledge
+from bench.federation.scenario import Scenario
+from bench.federation.state import (Client, Diverged, Federation, FederationRun, ServerSide, Target,
+                                    require_finite, set_entries)
+from bench.models import build_model, torch_device, update_names
+from bench.models.losses import TASKS
+from bench.models.pretrain import pretrain, split_public
+from bench.protocol.defense import Defense, Party
+from bench.protocol.evidence import Truth
+from bench.protocol.view import ServerView
+from bench.protocol.wire import Payload, Traffic, Upload
 
 
 def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tensor, mode: str,
@@ -162,12 +39,12 @@ def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tens
 
     The delta is taken against the model the client started from (the global model merged with its
     personalized entries), so a personalized or per-cluster model advances by its own training. It trains
-    on the run's device (bench/compute.py); the delta comes back on the CPU."""
+    on the run's device (bench/models/torch_device.py); the delta comes back on the CPU."""
     sc = fed.scenario
-    dev = compute.device()
+    dev = torch_device.device()
     model = fed.new_model()
     start = client.merged(fed.params())
-    _set_entries(model, start)
+    set_entries(model, start)
     model.to(dev).train()
     if mode == "gradient":
         before = {n: b.detach().cpu().clone() for n, b in model.named_buffers() if n in fed.shapes}
@@ -237,35 +114,6 @@ def _sample(fed: Federation, round: int) -> list[Client]:
     return [fed.clients[i] for i in sorted(chosen)]
 
 
-def server_knowledge(sc: Scenario, data, model: torch.nn.Module, params: dict[str, torch.Tensor],
-                     new_model: Callable[[], torch.nn.Module], uploads_weights: bool = False) -> Knowledge:
-    """What the server knows of the attacked round: `params` are the global entries it knows (NaN elsewhere)."""
-    steps = 1 if sc.attack_update == "gradient" else sc.local_epochs * -(-sc.attack_batch_size // sc.batch_size)
-    head = classifier_head(model) if data.task == "classification" else ("", None)
-    return Knowledge(task=data.task, model_name=sc.model, model_params=dict(sc.model_params), global_params=params,
-                     num_classes=data.num_classes, input_shape=tuple(data.input_shape),
-                     batch_size=sc.attack_batch_size, lr=sc.lr, update_kind=sc.attack_update, local_steps=steps,
-                     head=head, vocab_size=data.vocab_size, tokenizer=data.tokenizer, build_model=new_model,
-                     uploads_weights=uploads_weights)
-
-
-def setting(sc: Scenario, data, model: torch.nn.Module | None = None) -> Setting:
-    """The scenario before any defense, for the attacks' load-time checks (Attack.applicable); `model`: the
-    scenario's model already built on `data`."""
-    model = model if model is not None else build_model(sc.model, data, **sc.model_params)
-    state = dict(model.named_parameters()) | dict(model.named_buffers())
-    params = {n: state[n].detach() for n in update_names(model)}
-    knowledge = server_knowledge(sc, data, model, params, lambda: build_model(sc.model, data, **sc.model_params))
-    return Setting(knowledge, sc.mia_size, sc.mia_aux, sc.labels_known, model)
-
-
-def _knowledge(fed: Federation, known: dict[str, torch.Tensor], defense: Defense) -> Knowledge:
-    params = fed.params()
-    return server_knowledge(fed.scenario, fed.data, fed.model,
-                            {n: torch.where(known[n], params[n], torch.nan) for n in fed.names}, fed.new_model,
-                            defense.uploads_weights)
-
-
 def _train(fed: Federation, sampled: list[Client], round: int) -> dict[str, list[tuple]]:
     """Each sampled client's update(s): (x, y, update, attacked); the attacked client's are FedSGD batches."""
     sc = fed.scenario
@@ -310,7 +158,7 @@ def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, k
 def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads: list[Upload],
                known: dict[str, torch.Tensor]) -> None:
     """Server aggregation, decoding, the new global model, and what the server now knows of it."""
-    aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
+    aggregate = defense.aggregate(ServerSide(fed), uploads, fed.parties["server"])
     decoder = defense.decoder(fed)
     if decoder.name == "key-server":
         fed.send("server", "key-server", "aggregate", aggregate)
@@ -320,7 +168,7 @@ def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads
     current = fed.params()
     new = {n: current[n] + update[n] for n in fed.names}
     require_finite(new, fed.round, "the new global model")
-    _set_entries(fed.model, new)
+    set_entries(fed.model, new)
     for n in fed.names:
         known[n] &= learned[n]
     for client in sampled:
@@ -345,7 +193,7 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         fed.round = r
         sampled = _sample(fed, r)
         if r == scenario.attack_round:
-            knowledge = _knowledge(fed, known, defense)
+            knowledge = server_view_knowledge(fed, known, defense)
         try:
             trained = _train(fed, sampled, r)
             defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
@@ -358,15 +206,15 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         last = {n: torch.where(known[n], current[n], last[n]) for n in fed.names}
         if progress:
             progress(f"round {r + 1}/{scenario.rounds}")
-    measured = _run_metrics(fed, defense, time.perf_counter() - start)
-    measured.update(_encryption_breakdown(fed))
+    measured = run_metrics(fed, defense, time.perf_counter() - start)
+    measured.update(encryption_breakdown(fed))
     if diverged is not None:
         measured["diverged_round"] = diverged.round
     metrics = {k: v for k, v in measured.items() if not isinstance(v, dict)}
     details = {k: v for k, v in measured.items() if isinstance(v, dict)} | {"key_topology": defense.key_topology}
     if diverged is not None:
         return FederationRun(targets, knowledge, metrics, details, str(diverged))
-    chosen = membership.select(fed, known, last, initial, needs_membership)
+    chosen = candidates.select(fed, known, last, initial, needs_membership)
     if chosen is not None:
         for target in targets:
             target.knowledge = replace(target.knowledge, membership=chosen[0])
@@ -397,39 +245,3 @@ def _server_learns(aggregate: Payload, decoder: Party, shapes) -> dict[str, torc
     return learned
 
 
-def _encryption_breakdown(fed: Federation) -> dict[str, Any]:
-    """Actual encrypted fraction overall and per parameter, and whether the classifier head is covered."""
-    if not fed.encrypted:   # diverged before any upload was aggregated
-        return {}
-    sizes = {n: int(np.prod(s)) if s else 1 for n, s in fed.shapes.items()}
-    per_name = {n: float(np.mean(v)) for n, v in fed.encrypted.items()}
-    total = sum(sizes.values())
-    out: dict[str, Any] = {"encrypted_fraction": sum(per_name[n] * sizes[n] for n in fed.names) / total,
-                           "encrypted_by_parameter": per_name}
-    if fed.data.task == "classification":
-        weight, bias = classifier_head(fed.model)
-        out["head_weight_encrypted"] = per_name[weight]
-        if bias is not None:
-            out["head_bias_encrypted"] = per_name[bias]
-    return out
-
-
-def _run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any]:
-    data = fed.data
-    dev = compute.device()
-    evaluated = fed.model if dev.type == "cpu" else copy.deepcopy(fed.model).to(dev)
-    metrics: dict[str, Any] = dict(fed.task.evaluate(evaluated.to(dev), data.test_x, data.test_y))
-    if any(c.local for c in fed.clients):  # personalized entries: each client's own model on the test set
-        personal = []
-        for client in fed.clients:
-            model = fed.new_model()
-            _set_entries(model, client.merged(fed.params()))
-            personal.append(fed.task.evaluate(model.to(dev), data.test_x, data.test_y))
-        metrics.update({f"{k}_personal": float(np.mean([p[k] for p in personal])) for k in personal[0]})
-    metrics.update(upload_bytes=fed.traffic.per_client("up"), download_bytes=fed.traffic.per_client("down"),
-                   setup_bytes=fed.traffic.setup_bytes(), wall_s=wall,
-                   ciphertext_bytes=float(np.mean(fed.cipher_sizes)) if fed.cipher_sizes else 0.0,
-                   he_encrypt_s=fed.meter.mean("he_encrypt_s"), he_aggregate_s=fed.meter.mean("he_aggregate_s"),
-                   he_decrypt_s=fed.meter.mean("he_decrypt_s"))
-    metrics.update(defense.run_metrics(fed))
-    return metrics

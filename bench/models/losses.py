@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from bench import compute
+from bench.models import torch_device
 
 
 class ClassificationTask:
@@ -24,7 +24,7 @@ class ClassificationTask:
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         model.eval()
-        dev = compute.model_device(model)
+        dev = torch_device.model_device(model)
         correct = sum(int((model(xb.to(dev)).argmax(1).cpu() == yb).sum()) for xb, yb in zip(x.split(512), y.split(512)))
         model.train()
         return {"accuracy": correct / max(len(y), 1)}
@@ -54,7 +54,7 @@ class CausalLMTask:
         model.eval()
         total, count = 0.0, 0
         for xb in x.split(64):
-            t, c = self._token_losses(model, xb.to(compute.model_device(model)))
+            t, c = self._token_losses(model, xb.to(torch_device.model_device(model)))
             total, count = total + float(t), count + c
         model.train()
         loss = total / max(count, 1)

@@ -1,9 +1,8 @@
-"""Model factories for both tracks, built from a Dataset's shapes, plus the helpers the engine needs.
+"""Image model factories, built from a Dataset's shapes.
 
-Image models follow the papers the attacks come from (SelectiveShield's MLP/SimpleCNN,
-the DLG LeNet, the iLRG LeNet-5, torchvision ResNet-18) and adapt to the input size so
-every model runs on 8x8 digits, 28x28 MNIST and 32x32 CIFAR. Text models live in
-bench/text_models.py.
+They follow the papers the attacks come from (SelectiveShield's MLP/SimpleCNN, the DLG
+LeNet, the iLRG LeNet-5, torchvision ResNet-18) and adapt to the input size so every model
+runs on 8x8 digits, 28x28 MNIST and 32x32 CIFAR. Text models live in bench/models/text.py.
 """
 from __future__ import annotations
 
@@ -13,33 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from bench.datasets import Dataset
+from bench.data.loading import Dataset
 from bench.registry import MODELS
-
-
-def build_model(name: str, data: Dataset, **kwargs) -> nn.Module:
-    return MODELS.get(name)(data, **kwargs)
-
-
-def classifier_head(model: nn.Module) -> tuple[str, str | None]:
-    """Names (as in named_parameters) of the last nn.Linear's weight and bias: the layer iLRG/iDLG read."""
-    last = None
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            last = module
-    if last is None:
-        raise ValueError(f"{type(model).__name__} has no nn.Linear layer, so it has no classifier head")
-    names = {id(p): n for n, p in model.named_parameters()}   # by identity: tied weights keep their first name
-    bias = names[id(last.bias)] if last.bias is not None else None
-    return names[id(last.weight)], bias
-
-
-def update_names(model: nn.Module) -> list[str]:
-    """What a client's update covers: trainable parameters, then persistent floating buffers (BN stats)."""
-    persistent = set(model.state_dict())
-    params = [n for n, p in model.named_parameters() if p.requires_grad]
-    buffers = [n for n, b in model.named_buffers() if b.is_floating_point() and n in persistent]
-    return params + buffers
 
 
 def _image_shape(data: Dataset, model: str) -> tuple[int, int, int]:

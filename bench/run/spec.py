@@ -1,4 +1,4 @@
-"""Suite specs: TOML in, frozen validated dataclasses out (one scenario: bench/scenario.py).
+"""Suite specs: TOML in, frozen validated dataclasses out (one scenario: bench/federation/scenario.py).
 
 A suite is a grid scenarios x defenses x attacks; each point is a Cell whose id is a
 stable hash of its full config, so the same config is never computed twice. Every
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.scenario import Scenario, SpecError, build, check_model_params, check_name
+from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name
 
 
 @dataclass(frozen=True)

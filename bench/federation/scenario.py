@@ -2,7 +2,7 @@
 
 `Scenario` validates itself on construction; `build` turns a TOML table into it (or any
 frozen dataclass) with one-line errors naming the field, the fault and the closest valid
-value. Suites (bench/spec.py) are grids of scenarios x defenses x attacks.
+value. Suites (bench/run/spec.py) are grids of scenarios x defenses x attacks.
 """
 from __future__ import annotations
 
@@ -70,12 +70,12 @@ class Scenario:
     attack_update: str = "gradient"   # gradient (one FedSGD step, the attack papers' setting) | delta (local training)
     attack_repeats: int = 1           # independent attacked batches (e.g. 10 images for iDLG)
     labels_known: bool = False        # threat-model knob: the attacker is told the batch's labels
-    # membership inference (bench/membership.py): candidates and the attacker's auxiliary data
+    # membership inference (bench/federation/candidates.py): candidates and the attacker's auxiliary data
     mia_size: int | None = None       # members and as many held-out non-members; unset: membership attacks get
-                                      # bench/membership.py's default pool (500, bounded by the data); 0: none
+                                      # bench/federation/candidates.py's default pool (500, bounded by the data); 0: none
     mia_members: str = "all"          # all (the federation's training data) | client (the attacked client's)
     mia_aux: int = 0                  # auxiliary held-out samples the attacker holds, disjoint from both
-    # devices (bench/devices.py): a catalog, how clients take its types, or one type per client
+    # devices (bench/federation/client_devices.py): a catalog, how clients take its types, or one type per client
     devices: str = "uniform"
     device_assign: str = "cycle"      # cycle | by-category | mix
     device_types: list | None = None
@@ -114,9 +114,9 @@ class Scenario:
         if not 0 <= self.attack_client < self.num_clients:
             raise SpecError(f"scenario '{self.name}': attack_client must be in [0, {self.num_clients - 1}], "
                             f"got {self.attack_client}")
-        from bench import devices
+        from bench.federation import client_devices
         try:
-            devices.check(self.devices, self.device_assign, self.device_types, self.num_clients)
+            client_devices.check(self.devices, self.device_assign, self.device_types, self.num_clients)
         except ValueError as err:
             raise SpecError(f"scenario '{self.name}': {err}") from None
         for key in ("lr", "alpha"):
@@ -187,7 +187,7 @@ def build(cls: type, data: dict[str, Any], where: str) -> Any:
 
 def check_model_params(model: str, params: dict[str, Any]) -> None:
     """Model keyword arguments exist and have their default's type (the first argument is the dataset)."""
-    from bench.configurable import check_kwargs
+    from bench.protocol.configurable import check_kwargs
     from bench.registry import MODELS
 
     fn = MODELS.get(model)

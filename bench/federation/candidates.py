@@ -20,56 +20,10 @@ Threat model (README): the attacker is the aggregation server.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
-
 import numpy as np
 import torch
 
-
-@dataclass(frozen=True)
-class MembershipKnowledge:
-    candidates_x: torch.Tensor
-    candidates_y: torch.Tensor
-    aux_x: torch.Tensor
-    aux_y: torch.Tensor
-    initial: dict[str, torch.Tensor]          # the model the server sent in round one
-    final: dict[str, torch.Tensor]            # final global entries, NaN where the server does not know them
-    last: dict[str, torch.Tensor]             # each entry's last value the server knew
-    recipe: dict[str, Any]                    # the scenario's training recipe: epochs, batch_size, lr
-    loss: Callable = field(repr=False, default=None)   # task loss (model, x, y) -> scalar
-
-    def known_fraction(self) -> float:
-        known = sum(int((~torch.isnan(v)).sum()) for v in self.final.values())
-        total = sum(v.numel() for v in self.final.values())
-        return known / total if total else 0.0
-
-    def assemble(self, fill: str) -> dict[str, torch.Tensor]:
-        """Final model entries: known values, hidden ones as zero or their last known value."""
-        if fill not in ("zero", "last"):
-            raise ValueError(f"fill '{fill}' must be 'zero' or 'last'")
-        out = {}
-        for name, value in self.final.items():
-            other = torch.zeros_like(value) if fill == "zero" else self.last[name]
-            out[name] = torch.where(torch.isnan(value), other, value)
-        return out
-
-
-def model_blocked(knowledge) -> str | None:
-    """Shared view need of model-based membership attacks: some entry of the final model is known."""
-    if knowledge.membership.known_fraction() == 0.0:
-        return "the server knows no entry of the final model (every entry is encrypted or kept local)"
-    return None
-
-
-def load(knowledge, params: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """A fresh module of the public architecture with the given entries, in eval mode."""
-    model = knowledge.build_model()
-    state = dict(model.named_parameters()) | dict(model.named_buffers())
-    with torch.no_grad():
-        for name, value in params.items():
-            state[name].copy_(value)
-    return model.eval()
+from bench.protocol.view import MembershipKnowledge
 
 
 def _length_matched(member_len: np.ndarray, pool_len: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 The choice is resolved once (auto -> cuda when torch sees a GPU) and kept in LEAKBENCH_DEVICE, so
 cell processes and local Ray workers started by the run inherit it (a remote Ray cluster gets it
 through the job's runtime_env). Only the heavy loops move: local training and FedSGD steps
-(bench/federation.py), test-set evaluation, and the optimization attacks (DLG, iDLG, Inverting
+(bench/federation/engine.py), test-set evaluation, and the optimization attacks (DLG, iDLG, Inverting
 Gradients, DAGER). Everything that crosses a party boundary stays a CPU tensor, so defenses,
 the wire and the server view never see a device.
 

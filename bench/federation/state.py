@@ -1,0 +1,155 @@
+"""The state of a federated run: its clients (data, party, personalized entries, device profile), the
+targets it keeps for attacks, the Federation object defense hooks receive, and the finished run.
+
+A non-finite update, loss or model raises Diverged (an outcome the engine reports, not an error).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from bench.federation.client_devices import CATALOGS, Device
+from bench.federation.costs import CostMeter
+from bench.federation.scenario import Scenario
+from bench.models import torch_device
+from bench.protocol.defense import Party
+from bench.protocol.evidence import Truth
+from bench.protocol.view import Knowledge, ServerView
+from bench.protocol.wire import Message, Payload, Traffic, Upload
+
+
+@dataclass
+class Client:
+    index: int
+    x: torch.Tensor
+    y: torch.Tensor
+    party: Party
+    local: dict[str, torch.Tensor] = field(default_factory=dict)  # personalized values, NaN where global
+    device: Device = field(default_factory=lambda: CATALOGS["uniform"]["uniform"][0])  # scenario data
+
+    def merged(self, global_params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The client's model: its personalized entries over the global model (SelectiveShield eq. 27)."""
+        return {n: torch.where(torch.isnan(self.local[n]), v, self.local[n]) if n in self.local else v
+                for n, v in global_params.items()}
+
+    @property
+    def name(self) -> str:
+        return self.party.name
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class Target:
+    view: ServerView
+    truth: Truth
+    knowledge: Knowledge
+
+
+@dataclass
+class Federation:
+    """Everything a defense hook may use; hooks receive the party they run at separately."""
+
+    scenario: Scenario
+    data: Any
+    task: Any
+    model: torch.nn.Module
+    names: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    clients: list[Client]
+    parties: dict[str, Party]
+    traffic: Traffic
+    meter: CostMeter
+    rng: np.random.Generator
+    new_model: Callable[[], torch.nn.Module]
+    round: int = -1
+    cipher_sizes: list[int] = field(default_factory=list)
+    encrypted: dict[str, list[float]] = field(default_factory=dict)   # per-entry-name encrypted fractions
+
+    def observe(self, upload: Upload) -> None:
+        """Record what an aggregated upload really encrypted: sizes and per-parameter fractions."""
+        self.cipher_sizes.append(upload.payload.cipher_bytes)
+        counts = {n: 0 for n in self.names}
+        for part in upload.payload.cipher:
+            for name, mask in part.layout:
+                counts[name] += int(mask.sum())
+        for n in self.names:
+            total = int(np.prod(self.shapes[n])) if self.shapes[n] else 1
+            self.encrypted.setdefault(n, []).append(counts[n] / total)
+
+    def send(self, sender: str, receiver: str, what: str, message: Payload | Message | bytes | int) -> None:
+        """Log a message; bytes and Messages travel in the clear and are kept as sent (bytes: opaque
+        layout), Payloads are upload-like bodies, an int is a size whose content is not modelled."""
+        if isinstance(message, bytes):
+            message = Message(message)
+        size = message.nbytes if isinstance(message, (Payload, Message)) else int(message)
+        self.traffic.log(self.round, sender, receiver, what, size, message if isinstance(message, Message) else None)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        state = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        return {n: state[n].detach().clone() for n in self.names}
+
+    def gradient(self, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """Gradient of the task loss on (x, y) at the given (default: global) model, computed where the model
+        lives, returned on the CPU."""
+        model = model or self.model
+        dev = torch_device.model_device(model)
+        model.zero_grad()
+        self.task.loss(model, x.to(dev), y.to(dev)).backward()
+        params = dict(model.named_parameters())
+        return {n: params[n].grad.detach().cpu().clone() if n in params and params[n].grad is not None
+                else torch.zeros(self.shapes[n]) for n in self.names}
+
+
+@dataclass(frozen=True)
+class ClientId:
+    """A client as the aggregation server knows it: its name on the wire and its index."""
+
+    name: str
+    index: int
+
+
+class ServerSide:
+    """What the aggregation server holds when it aggregates: the round, the model's public layout, the public
+    scenario settings, who the clients are, the cost meter and the channel, never a client's data, model or
+    keys (its key material comes as the `server` party). Flower's Strategy hooks get no more."""
+
+    def __init__(self, fed: "Federation"):
+        self.round, self.names, self.shapes = fed.round, fed.names, fed.shapes
+        self.scenario, self.meter = fed.scenario, fed.meter
+        self.clients = tuple(ClientId(c.name, c.index) for c in fed.clients)
+        self.send = fed.send
+
+
+@dataclass
+class FederationRun:
+    targets: list[Target]
+    knowledge: Knowledge
+    metrics: dict[str, Any]
+    details: dict[str, Any]
+    diverged: str | None = None    # why training stopped early (a non-finite update, loss or model), else None
+
+
+class Diverged(Exception):
+    """Training produced a non-finite value: the run stops at this round (an outcome, not an error)."""
+
+    def __init__(self, round: int, what: str):
+        super().__init__(f"training diverged at round {round}: {what} is not finite (NaN or inf)")
+        self.round = round
+
+
+def require_finite(values: dict[str, torch.Tensor], round: int, what: str) -> None:
+    if not all(bool(torch.isfinite(v).all()) for v in values.values() if v.is_floating_point()):
+        raise Diverged(round, what)
+
+
+def set_entries(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in values.items():
+            state[name].copy_(value)

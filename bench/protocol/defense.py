@@ -1,0 +1,86 @@
+"""The defense contract: hooks the federation engine calls, with no defense-specific branches.
+
+setup (keys, negotiation) -> round_start (per-round negotiation) -> encode (client:
+update -> payload) -> aggregate (aggregation server, public material only) -> decode
+(whoever holds the key) -> merge (client; personalized parts stay local).
+
+Party separation is explicit: key material lives in the `keys` of the party that holds
+it, and each hook receives only the party it runs at. The base class is plaintext FedAvg
+through the generic wire arithmetic of bench/protocol/payloads.py.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from bench.protocol.configurable import Configurable
+from bench.protocol.payloads import sum_cipher, sum_plain, unpack
+from bench.protocol.wire import Party, Payload, Upload, dense_payload
+
+KEY_TOPOLOGIES = {
+    "none": "nobody needs to: the upload is plaintext",
+    "shared-client-key": "any one client colluding with the aggregation server",
+    "key-server": "the key server colluding with the aggregation server",
+}
+
+
+class Defense(Configurable):
+    """Base defense: plaintext FedAvg wire arithmetic; subclasses override hooks."""
+
+    key_topology: ClassVar[str] = "none"
+    # True when decode(aggregate(uploads)) is sum_k weight_k * update_k of the updates given to encode
+    # (up to noise that does not depend on the data, which only adds privacy),
+    # with the weights given to encode and carried by the uploads: what DP-FedAvg's noise calibration
+    # (sum / W of clipped updates) relies on when it wraps this defense. Defenses whose aggregate is
+    # anything else (per-cluster models, means over who sent an entry, carried-over residuals) say False.
+    decodes_weighted_sum: ClassVar[bool] = True
+    # True when an upload carries the client's trained weights (e.g. LoRA factors) instead of its update;
+    # an attack then knows to subtract the global weights it sent (Knowledge.gradient)
+    uploads_weights: ClassVar[bool] = False
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Reparameterize the (warm-started) model every party builds, e.g. into a frozen
+        dictionary and a trainable table; the result is the public architecture."""
+        return model
+
+    def setup(self, fed) -> None:
+        """Keys and one-off negotiation; send messages with fed.send(round=-1, ...)."""
+
+    def round_start(self, fed, round: int, clients: list, updates: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Per-round negotiation after local training, before uploads (e.g. mask proposals).
+
+        `updates` maps each sampled client's name to its trained update; only that client's
+        own code may read its entry (messages it derives go through fed.send)."""
+
+    def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
+        return dense_payload(update)
+
+    def aggregate(self, fed, uploads: list[Upload], server: Party) -> Payload:
+        """At the aggregation server: `fed` is what it holds (bench/federation/state.py's ServerSide: the round,
+        names, shapes, public scenario settings, client ids, meter, send), `server` its public key material."""
+        return Payload(plain=sum_plain(uploads), cipher=sum_cipher(fed, uploads, server))
+
+    def decoder(self, fed) -> Party:
+        """The party that turns the aggregate into a plaintext update."""
+        return fed.parties["key-server"] if self.key_topology == "key-server" else fed.clients[0].party
+
+    def decode(self, fed, aggregate: Payload, party: Party) -> dict[str, torch.Tensor]:
+        return unpack(aggregate, fed.shapes, party, fed)
+
+    def merge(self, fed, client, global_update: dict[str, torch.Tensor]) -> None:
+        """Client-side use of the new global update (personalized defenses override)."""
+
+    def run_metrics(self, fed) -> dict[str, Any]:
+        """Measured, defense-specific metrics of the run (fractions, epsilon, ...)."""
+        return {}
+
+    # -- budget matching (bench/federation/budget.py) -------------------------------------------------------
+    def cipher_target(self) -> tuple[str, float] | None:
+        """(reference defense label, bytes ratio) when this defense's encrypted amount is matched."""
+        return None
+
+    def match_cipher_bytes(self, nbytes: float) -> None:
+        """Before setup: encrypt as much as makes an upload's ciphertexts come to about `nbytes`."""
+        raise ValueError(f"defense '{type(self).__name__}' has no encrypted amount to match to a byte budget")

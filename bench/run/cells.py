@@ -1,0 +1,178 @@
+"""A group's cells: one federated run for a (scenario, defense), then every attack cell scored on it.
+
+Each cell becomes a record (status ok, blocked, diverged or failed, with its one-line reason),
+holding what a page needs without today's registry: the attack's family and a snapshot of the
+schema of every metric it reports (display name, unit, direction, format). A failing cell never
+stops the others; the exit status reports it.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+import traceback
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from bench.registry import ATTACKS, DEFENSES, METRICS
+from bench.run.leases import new_run_id
+from bench.run.spec import Cell
+
+
+def environment() -> dict[str, Any]:
+    from bench.run.version import code_fingerprint, package_version
+    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+            "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": code_fingerprint(),
+            "device": compute_device()}
+
+
+def compute_device() -> str:
+    """The torch device the cell ran on, with the GPU's name (not part of the cell id: bench/models/torch_device.py)."""
+    from bench.models.torch_device import device
+    dev = device()
+    return f"cuda ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "cpu"
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict | None = None) -> dict[str, Any]:
+    from bench.protocol.defense import KEY_TOPOLOGIES
+    details = dict(details or {})
+    details.setdefault("key_topology", DEFENSES.get(cell.defense.name).key_topology)
+    details["decrypts_single_upload"] = KEY_TOPOLOGIES[details["key_topology"]]
+    details["family"] = ATTACKS.get(cell.attack.name).family
+    details["metric_schema"] = {m.name: m.obj.snapshot() for m in METRICS.entries() if m.name in metrics}
+    return {"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
+            "defense": cell.defense.name, "defense_params": cell.defense.params, "attack": cell.attack.name,
+            "attack_params": cell.attack.params, "status": status, "reason": reason, "metrics": metrics,
+            "details": details, "config": cell.config(), "environment": environment()}
+
+
+def score_cell(cell: Cell, run) -> dict[str, Any]:
+    """Run the cell's attack on every attacked upload of the run and compute every applicable metric."""
+    attack = ATTACKS.get(cell.attack.name)(**cell.attack.params)
+    run_values = dict(run.metrics)
+    if run.diverged is not None:   # an outcome of the defense's training, neither a failure nor a block
+        return _record(cell, "diverged", run.diverged, _run_metrics(run_values), dict(run.details))
+    reason = attack.blocked(run.targets[0].view, run.targets[0].knowledge)
+    if reason is not None:
+        details = dict(run.details) | {"sent_in_clear": sent_in_clear(run.targets[0].view, set())}
+        return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), details)
+    from bench.protocol.evidence import Evidence
+    per_target: dict[str, list] = {}
+    evidence: dict[str, object] = {}   # metrics' extra details (raw scores, intervals), first upload's
+    texts, info = [], []
+    attack_time, thumb = 0.0, None
+    read: set[str] = set()
+    for i, target in enumerate(run.targets):
+        start = time.perf_counter()
+        rec = attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i)
+        attack_time += time.perf_counter() - start
+        read |= set(rec.read_meta)
+        if i == 0 and rec.images is not None:   # ground truth next to the reconstruction, for the page
+            from bench.run.thumbnails import thumbnail
+            thumb = thumbnail(rec.images, target.truth.x)
+        for m in METRICS.entries():
+            if m.obj.per_target:
+                ev = Evidence(rec, target.truth, target.view, target.knowledge, run_values)
+                value = m.obj.compute(ev)
+                if value is not None:
+                    per_target.setdefault(m.name, []).append(value)
+                    if i == 0 and m.obj.details is not None:
+                        evidence.update(m.obj.details(ev))
+        if i == 0:
+            evidence.update(rec.extra.get("details", {}))
+        if rec.texts is not None:   # recovered sentences beside the references they were matched to
+            info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
+            matched, reference = rec.extra.get("_matched", (None, None))
+            texts.append({"recovered": list(rec.texts), "matched": matched, "reference": reference})
+    run_values["attack_s"] = attack_time / len(run.targets)
+    metrics = _run_metrics(run_values)
+    for name, values in per_target.items():
+        unavailable = [v for v in values if isinstance(v, str)]
+        metrics[name] = unavailable[0] if unavailable else float(np.mean(values))
+    details = dict(run.details)
+    details["per_target"] = {k: v for k, v in per_target.items()}
+    details.update(evidence)
+    if any(info):
+        details["attack_info"] = info
+    if texts:
+        details["texts"] = texts
+    details["sent_in_clear"] = sent_in_clear(run.targets[0].view, read)
+    if thumb:
+        details["thumbnail"] = thumb
+    return _record(cell, "ok", "", metrics, details)
+
+
+def sent_in_clear(view, read: set[str]) -> list[dict[str, Any]]:
+    """The view's metadata as the record lists it: key, size, public layout, and whether this
+    cell's attack read it; a page shows the entries no attack read as "sent in the clear, not attacked"."""
+    return [{"key": k, "bytes": len(v), "layout": view.layouts.get(k, "opaque"), "attacked": k in read}
+            for k, v in sorted(view.meta.items())]
+
+
+def _run_metrics(run_values: dict[str, Any]) -> dict[str, Any]:
+    from bench.protocol.evidence import Evidence
+    out = {}
+    for m in METRICS.entries():
+        if not m.obj.per_target:
+            value = m.obj.compute(Evidence(run=run_values))
+            if value is not None:
+                out[m.name] = value
+    return out
+
+
+def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] | None = None,
+             group: list[Cell] | None = None):
+    """The federated run shared by every cell of the cell's group (`group`, default the cell alone: what its
+    attacks need drawn, e.g. membership candidates); on_round hears "round r/R" as they finish."""
+    from bench.data.loading import load_dataset, resolve_data_root
+    from bench.federation.budget import apply_budget
+    from bench.federation.engine import run_federation
+
+    sc = cell.scenario
+    data = load_dataset(sc.dataset, resolve_data_root(data_root), max_train=sc.max_train, max_test=sc.max_test,
+                        seed=sc.seed, seq_len=sc.seq_len)
+    defense = DEFENSES.get(cell.defense.name)(**cell.defense.params)
+    apply_budget(defense, sc, data_root)
+    wanted = any(getattr(ATTACKS.get(c.attack.name), "needs_membership", False) for c in (group or [cell]))
+    return run_federation(sc, data, defense, progress=on_round, needs_membership=wanted)
+
+
+def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
+    """Record of a cell that raised: the one-line reason, and the run's metrics when the run itself finished."""
+    if os.environ.get("LEAKBENCH_TRACEBACK"):
+        traceback.print_exception(err)
+    return _record(cell, "failed", one_line(err), _run_metrics(dict(run.metrics)) if run else {})
+
+
+def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = None,
+              on_round: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+    """Federate once for the group's scenario and defense, then score each attack cell.
+
+    Every record carries the federated run's id in its environment (stored, kept out of the rendered
+    results so they stay deterministic), so a group's rows can be seen to share one run."""
+    run_id = run_id or new_run_id()
+    for record in _group_records(cells, data_root, on_round):
+        record["environment"] = {**record["environment"], "run_id": run_id}
+        yield record
+
+
+def _group_records(cells: list[Cell], data_root: str | None,
+                   on_round: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
+    try:
+        run = federate(cells[0], data_root, on_round, group=cells)
+    except Exception as err:  # recorded per cell and reported by the exit status, never hidden
+        for cell in cells:
+            yield failed(cell, err)
+        return
+    for cell in cells:
+        try:
+            yield score_cell(cell, run)
+        except Exception as err:
+            yield failed(cell, err, run)

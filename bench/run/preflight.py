@@ -1,0 +1,73 @@
+"""Load-time checks of a suite, before anything runs or is written: every scenario's data files
+present and intact and its attack setting within a client's share (check_suite_data), and every
+scenario's data loading, model building and attack applicability (preflight). A fault is one line."""
+from __future__ import annotations
+
+import math
+
+from bench.data.checks import DataInfo, check_dataset
+from bench.data.loading import resolve_data_root
+from bench.registry import ATTACKS
+from bench.run.cells import one_line
+from bench.run.spec import Suite
+
+
+def preflight(suite: Suite, data_root: str | None) -> None:
+    """Load-time checks of every scenario, before any cell runs: its data loads, its model builds on it
+    (parameter ranges, no sentence longer than the model's positions), its membership pool fits the
+    held-out data, and each of its attacks can run there at all (Attack.applicable). A fault raises a
+    one-line DataError / SpecError; what is left to run time is what a defense decides."""
+    import json
+
+    from bench.data.loading import load_dataset, resolve_data_root
+    from bench.federation.candidates import check as check_membership
+    from bench.federation.measure import setting
+    from bench.federation.scenario import SpecError
+    from bench.models import build_model
+
+    root = resolve_data_root(data_root)
+    models: dict[tuple, object] = {}   # one build per (data, model, parameters): a suite repeats them
+    for sc in suite.scenarios:
+        attacks = list({c.attack.label: c.attack for c in suite.cells if c.scenario == sc}.values())
+        data = load_dataset(sc.dataset, root, max_train=sc.max_train, max_test=sc.max_test, seed=sc.seed,
+                            seq_len=sc.seq_len)
+        key = (sc.dataset, sc.max_train, sc.max_test, sc.seed, sc.seq_len, sc.model,
+               json.dumps(sc.model_params, sort_keys=True, default=str))
+        try:
+            if key not in models:
+                models[key] = build_model(sc.model, data, **sc.model_params)
+            facts = setting(sc, data, models[key])
+            if any(ATTACKS.get(a.name).needs_membership for a in attacks):
+                check_membership(sc, len(data.test_y))
+        except (TypeError, ValueError) as err:
+            raise SpecError(f"scenario '{sc.name}': {one_line(err).split(': ', 1)[-1]}") from None
+        for component in attacks:
+            reason = ATTACKS.get(component.name)(**component.params).applicable(facts)
+            if reason is not None:
+                raise SpecError(f"scenario '{sc.name}': attack '{component.label}' cannot run in it: {reason}; "
+                                f"narrow the scenario's attacks (attacks = [...]) or change the scenario")
+
+
+def check_suite_data(suite, data_root) -> None:
+    """Every scenario's data present and intact, and its attack setting within a client's share."""
+    from bench.federation.scenario import SpecError
+
+    root = resolve_data_root(data_root)
+    infos: dict[str, DataInfo] = {}
+    for sc in suite.scenarios:
+        info = infos.setdefault(sc.dataset, check_dataset(sc.dataset, root))
+        where = f"scenario '{sc.name}'"
+        if info.num_classes is not None and sc.partition == "k-classes" and sc.classes_per_client > info.num_classes:
+            raise SpecError(f"{where}: classes_per_client {sc.classes_per_client} exceeds the {info.num_classes} "
+                            f"classes of {sc.dataset}; did you mean {info.num_classes}?")
+        if info.train_size is None:
+            continue
+        pool = min(info.train_size, sc.max_train or info.train_size)
+        private = int(pool * (1.0 - sc.public_fraction))
+        if private < sc.num_clients:
+            raise SpecError(f"{where}: {private} private training examples cannot be split over {sc.num_clients} "
+                            f"clients; did you mean max_train = {math.ceil(sc.num_clients / (1.0 - sc.public_fraction))}?")
+        share = private // sc.num_clients
+        if sc.attack_batch_size > share:
+            raise SpecError(f"{where}: attack_batch_size {sc.attack_batch_size} exceeds a client's share of the "
+                            f"data ({share} examples on average); did you mean {share}?")

@@ -1,0 +1,196 @@
+"""One runner for the CLI and the pytest plugin.
+
+Cells sharing a scenario and a defense share one federated run (the attacks replay
+against the recorded uploads). A group's cells are written to the store as soon as it finishes. A
+failing cell is recorded with its one-line reason and does not stop the others; the
+run's exit status reports it. Groups are independent, so the executor is a seam
+(bench/run/executors.py: in process, a process pool, or Ray); the driver alone claims groups and
+writes the store, whichever executor computes them. A group with any selected cell missing is
+recomputed whole, so a group's rows always come from one federated run (its run id is in
+each record's environment); each group is claimed in the store (bench/run/leases.py), so concurrent
+runs into one --out compute it once.
+
+A stored cell is reused only when it finished and was computed by the same code (package
+version and code fingerprint, bench/run/version.py); `force` recomputes everything selected,
+`only` selects cells by label pattern, `dry_run` reports what would run and runs nothing.
+"""
+from __future__ import annotations
+
+import fnmatch
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.run.cells import failed
+from bench.run.executors import Job, check_options, make_executor
+from bench.run.leases import Claims, group_id, new_run_id
+from bench.run.spec import Cell, Suite
+from bench.run.store import Store
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    ok: int
+    blocked: int
+    failed: int
+    skipped: int
+    stale: int = 0                                   # recomputed because the code changed
+    failures: tuple[tuple[str, str], ...] = ()       # (cell label, one-line reason)
+    plan: tuple[tuple[str, str], ...] = ()           # dry run: (cell label, new | stale | done | forced)
+    diverged: int = 0                                # the group's training diverged (an outcome, exit 0)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+
+def selected(cell: Cell, pattern: str | None) -> bool:
+    """--only: a glob over the cell label scenario/defense/attack, or a substring of it.
+
+    The label is tried with its parameters ("s/dp-fedavg(clip=1.0)/idlg(steps=100)") and with
+    names only ("s/dp-fedavg/idlg"), so "*/idlg" selects iDLG whatever its parameters."""
+    if not pattern:
+        return True
+    labels = (cell.label, f"{cell.scenario.name}/{cell.defense.name}/{cell.attack.name}")
+    if any(ch in pattern for ch in "*?["):
+        return any(fnmatch.fnmatchcase(label, pattern) for label in labels)
+    return any(pattern in label for label in labels)
+
+
+def _group(cells: list[Cell]) -> list[list[Cell]]:
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.group_key, []).append(cell)
+    return list(groups.values())
+
+
+BEAT_S = 60.0   # how often the driver renews its claims on the groups in flight
+
+
+def _store_group(job: Job, result: list[dict[str, Any]] | BaseException, fingerprint: str, store: Store,
+                 tally: Callable[[str, str, str], None]) -> None:
+    """Write a finished job's records; a job that raised becomes failed cells with its one-line reason,
+    and a record computed by other code (a cluster node with another version) is refused the same way."""
+    records = [failed(c, result) for c in job.cells] if isinstance(result, BaseException) else result
+    for cell, record in zip(job.cells, records):
+        theirs = record["environment"].get("fingerprint")
+        if record["status"] != "failed" and theirs != fingerprint:
+            record = failed(cell, RuntimeError(f"computed by other code (fingerprint {theirs}, here {fingerprint});"
+                                               " install this leakbench on every worker"))
+        record["environment"] = {**record["environment"], "run_id": job.run_id}
+        store.put(record)
+        tally(record["status"], cell.label, record["reason"])
+
+
+def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store, claims: Claims, fingerprint: str,
+           force: bool, tally: Callable[[str, str, str], None], poll_s: float) -> None:
+    """Keep the executor's slots full of claimed groups and store each group's records as it finishes.
+
+    A group another run holds is set aside and retried once the rest is done (by then it is usually
+    finished there and skipped here); a group another run finished meanwhile is skipped unless forced."""
+    inflight: dict[str, Job] = {}
+    busy: list[list[Cell]] = []
+    progressed = False
+    try:
+        while pending or busy or inflight:
+            while pending and len(inflight) < pool.slots:
+                cells = pending.pop(0)
+                grp = group_id(cells)
+                if not claims.claim(grp):
+                    busy.append(cells)
+                elif not force and all(store.finished(c.cell_id, fingerprint) for c in cells):
+                    claims.release(grp)
+                    progressed = True
+                    for c in cells:
+                        tally("skipped", c.label, "")
+                else:
+                    inflight[grp] = Job(cells, new_run_id(), grp, data_root)
+                    pool.submit(inflight[grp])
+            if inflight:
+                for job, result in pool.wait(BEAT_S):
+                    _store_group(job, result, fingerprint, store, tally)
+                    claims.release(inflight.pop(job.group).group)
+                    progressed = True
+                for grp in inflight:
+                    claims.beat(grp)
+            elif busy:
+                if not progressed:
+                    time.sleep(poll_s)   # every remaining group is being computed by another run
+                pending, busy, progressed = busy, [], False
+    finally:
+        for grp in inflight:
+            claims.release(grp)
+
+
+def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, workers: int | None = None,
+              progress: Callable[..., Any] | None = None, force: bool = False, only: str | None = None,
+              dry_run: bool = False, poll_s: float = 1.0, executor: str | Any | None = None,
+              ray_address: str | None = None) -> RunSummary:
+    """Run every group with a selected cell missing or stale, whole (its cells then share one federated
+    run), each group claimed in the store so that concurrent runs into one --out compute it once.
+
+    `executor` is a name (local, process, ray; None: local for one worker, process for more) or an
+    executor object (bench/run/executors.py), which the caller then closes."""
+    from bench.data.loading import resolve_data_root
+    from bench.run.version import code_fingerprint
+
+    root = resolve_data_root(data_root)
+    root = None if root is None else str(root)
+    bar = claims = None
+
+    def on_round(job: Job, msg: str) -> None:
+        if bar:
+            bar.set_postfix_str(f"{job.where} {msg}", refresh=True)
+        if claims:
+            claims.beat(job.group)
+
+    own = executor is None or isinstance(executor, str)
+    if own:
+        check_options(executor, workers, ray_address)
+    out = Path(out_dir)
+    store = Store(out / "leakbench.sqlite")
+    fingerprint = code_fingerprint()
+    chosen = [c for c in suite.cells if selected(c, only)]
+    states = {c.cell_id: ("forced" if force else store.state(c.cell_id, fingerprint)) for c in chosen}
+    pending = [g for g in _group(chosen) if any(states[c.cell_id] != "done" for c in g)]
+    stale = sum(states[c.cell_id] == "stale" for g in pending for c in g)
+    skipped = len(chosen) - sum(len(g) for g in pending)
+    if dry_run:
+        store.close()
+        rerun = {c.cell_id for g in pending for c in g}   # a done cell of a pending group reruns with it
+        return RunSummary(0, 0, 0, skipped, stale, plan=tuple(
+            (c.label, "group" if states[c.cell_id] == "done" and c.cell_id in rerun else states[c.cell_id])
+            for c in chosen))
+    try:   # started only when there is work: a local Ray costs seconds
+        pool = make_executor(executor, workers, ray_address, on_round) if own and pending else executor
+    except BaseException:
+        store.close()
+        raise
+    store.set_membership(suite.name, [c.cell_id for c in suite.cells], suite.page_info())
+    counts = {"ok": 0, "blocked": 0, "diverged": 0, "failed": 0, "skipped": skipped}
+    failures: list[tuple[str, str]] = []
+    bar = progress(total=sum(len(g) for g in pending), desc=f"suite {suite.name}", unit="cell") if progress else None
+
+    def tally(status: str, label: str, reason: str) -> None:
+        counts[status] += 1
+        if status == "failed":
+            failures.append((label, reason))
+        if bar:
+            bar.update(1)
+
+    claims = Claims(store.path)
+    try:
+        _drive(pending, pool, root, store, claims, fingerprint, force, tally, poll_s)
+    finally:
+        claims.close()
+        if bar:
+            bar.close()
+        store.close()
+        if own and pool is not None:
+            pool.close()
+    return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"], stale, tuple(failures),
+                      diverged=counts["diverged"])
+
+
+__all__ = ["run_suite", "RunSummary", "selected"]

@@ -1,0 +1,64 @@
+"""What a page knows of a metric and an attack: read from the records (each stores its attack's family
+and a snapshot of the schema of every metric it reports), never from today's registry, so re-rendering
+committed results shows what they were computed with even after a rename."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A metric as its records describe it: header, unit, direction, format, kind, level."""
+
+    name: str
+    unit: str
+    lower_is_better: bool | None
+    kind: str
+    description: str
+    fmt: str = "{:.3f}"
+    per_target: bool = True
+    timing: bool = False
+    display: str = ""
+    per_attack: bool | None = None
+    title: str = ""
+
+    @property
+    def arrow(self) -> str:
+        return "" if self.lower_is_better is None else ("↓" if self.lower_is_better else "↑")
+
+    def format(self, value: Any) -> str:
+        if value is None:
+            return "–"
+        if isinstance(value, str):
+            return value
+        return self.fmt.format(value)
+
+
+def described(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that carry their schema snapshot; an older one is named on stderr and left off the page."""
+    kept = []
+    for rec in records:
+        if "metric_schema" in rec["details"]:
+            kept.append(rec)
+        else:
+            print(f"leakbench: warning: skipping record {rec.get('cell_id')!r}: it predates metric schema snapshots; "
+                  "rerun its suite to recompute it", file=sys.stderr)
+    return kept
+
+
+def schema_of(records: list[dict[str, Any]]) -> dict[str, Shown]:
+    """Every metric the records report, by name (the registry's order)."""
+    out: dict[str, Shown] = {}
+    for rec in records:
+        for name, fields in rec["details"].get("metric_schema", {}).items():
+            if name not in out:
+                known = {k: v for k, v in fields.items() if k in Shown.__dataclass_fields__}
+                out[name] = Shown(name=name, **known)
+    return dict(sorted(out.items()))
+
+
+def family(rec: dict[str, Any]) -> str:
+    """The attack's family as stored with the record (label, image, text, membership, reference)."""
+    return rec["details"].get("family", "")
