@@ -180,20 +180,21 @@ def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] 
 
 
 def preflight(suite: Suite, data_root: str | None) -> None:
-    """Load-time checks for datasets that ask for them (`checked_at_load`): their data loads and every
-    scenario's model can take it (e.g. no sentence longer than the model's positions); a fault raises a
-    one-line DataError / SpecError before any cell runs."""
+    """Load-time checks for datasets and models that ask for them (`checked_at_load`): the data loads and
+    the scenario's model builds on it (e.g. no sentence longer than the model's positions, weight files
+    installed); a fault raises a one-line DataError / SpecError before any cell runs."""
     import json
 
     from bench.datasets import load_dataset, resolve_data_root
     from bench.models import build_model
-    from bench.registry import DATASETS
+    from bench.registry import DATASETS, MODELS
     from bench.scenario import SpecError
 
     root = resolve_data_root(data_root)
     seen = set()
     for sc in suite.scenarios:
-        if not getattr(DATASETS.get(sc.dataset), "checked_at_load", False):
+        checked = (getattr(r.get(n), "checked_at_load", False) for r, n in ((DATASETS, sc.dataset), (MODELS, sc.model)))
+        if not any(checked):
             continue
         key = (sc.dataset, sc.max_train, sc.max_test, sc.seed, sc.seq_len, sc.model,
                json.dumps(sc.model_params, sort_keys=True, default=str))
