@@ -152,14 +152,16 @@ def smollm2_135m(data: Dataset, weights: str = "", n_positions: int = 0, train_e
 
 
 @MODELS.register("smollm2-135m-lora", "pretrained SmolLM2-135M (as smollm2-135m) with LoRA on the attention "
-                                      "projections (default q_proj, r=256: DAGER's setting); base frozen")
+                                      "projections (default q_proj and v_proj, r=256); base frozen")
 def smollm2_135m_lora(data: Dataset, lora_r: int = 256, lora_alpha: int | None = None,
                       lora_targets: list | None = None, weights: str = "", n_positions: int = 0) -> nn.Module:
-    """Only the LoRA matrices train, plus the classification head on classification data. Targets default to
-    ["q_proj"] with r = 256, DAGER's LoRA runs (official code: LoraConfig(r, target_modules=['q_proj']));
-    any of q/k/v/o_proj, gate/up/down_proj may be named. alpha defaults to 2 r, as for gpt2-lora."""
+    """Only the LoRA matrices train, plus the classification head on classification data. r = 256 is DAGER's;
+    targets default to peft's LLaMA choice ["q_proj", "v_proj"], not DAGER's q_proj alone: without a BOS
+    token the first query attends only to itself, so q_proj's gradient never holds a sentence's first
+    token, while v_proj's does (attacks/dager_llama.py). Any of q/k/v/o_proj, gate/up/down_proj may be
+    named. alpha defaults to 2 r, as for gpt2-lora."""
     from peft import LoraConfig, get_peft_model
-    targets = list(lora_targets) if lora_targets is not None else ["q_proj"]
+    targets = list(lora_targets) if lora_targets is not None else ["q_proj", "v_proj"]
     if lora_r < 1:
         raise ValueError(f"lora_r must be >= 1, got {lora_r}")
     unknown = [t for t in targets if t not in LORA_TARGETS]
