@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import torch
@@ -68,18 +68,24 @@ def checkpoint_location(weights: str) -> tuple[Path, str | None]:
 @lru_cache(maxsize=2)
 def _checkpoint(folder: Path, gguf: str | None) -> tuple[object, dict[str, torch.Tensor]]:
     """(config, float32 state dict) of a causal-LM checkpoint, read once per process."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    level = hf_logging.get_verbosity()
+    level, bar, bars = hf_logging.get_verbosity(), getattr(gguf_utils, "tqdm", None), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    if bar is not None:   # its dequantization bar is a bare tqdm on stderr, where load errors are one line
+        gguf_utils.tqdm = partial(bar, disable=True)
     try:
         net = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=torch.float32,
                                                    local_files_only=True)
     finally:
         hf_logging.set_verbosity(level)
-        hf_logging.enable_progress_bar()
+        if bars:
+            hf_logging.enable_progress_bar()
+        if bar is not None:
+            gguf_utils.tqdm = bar
     if net.config.model_type != "llama":
         raise ValueError(f"{gguf or folder} is a '{net.config.model_type}' model; these factories read LLaMA ones")
     config = net.config
@@ -95,6 +101,9 @@ def _build(data: Dataset, weights: str, n_positions: int) -> nn.Module:
 
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
     config, state = _checkpoint(*checkpoint_location(weights))
+    if data.vocab_size != config.vocab_size:
+        raise ValueError(f"the model has {config.vocab_size} tokens, the data's tokenizer {data.vocab_size}: use data "
+                         "tokenized with the model's own tokenizer (a '*-smollm2' dataset)")
     config = copy.deepcopy(config)
     if n_positions:
         config.max_position_embeddings = n_positions
@@ -116,9 +125,6 @@ def _build(data: Dataset, weights: str, n_positions: int) -> nn.Module:
             net.score.weight.normal_(0.0, 1e-3)
     else:
         net.tie_weights()
-    if data.vocab_size != config.vocab_size:
-        raise ValueError(f"the model has {config.vocab_size} tokens, the data's tokenizer {data.vocab_size}: use data "
-                         "tokenized with the model's own tokenizer (a '*-smollm2' dataset)")
     return net
 
 
