@@ -5,7 +5,10 @@ layer-1 candidate of the next position; an extension survives when the layer-2 i
 every position is within `l2` of the span. A prefix with no surviving extension is a
 finished sentence. As in the official code, the best failing extensions (B of them, no
 two sharing >= 70% of their tokens) are carried along flagged as approximate, so a
-broken sentence still yields its best guess. With position-free layer-1 inputs (LLaMA) the
+broken sentence still yields its best guess; they are only kept while the finished exact
+sentences and the exact prefixes alive number fewer than B (each alive one ends in a
+distinct exact sentence, and assemble() fills from fall-backs only below B). First tokens
+that fail layer 2 are fall-backs too (the B closest), not prefixes. With position-free layer-1 inputs (LLaMA) the
 same candidates hold at every position up to the maximum length, so the search stops once
 no exact prefix is left instead of growing the fall-backs to that length; and a prefix of one
 repeated token is not extended by that token: values carry no position there, so attention
@@ -102,12 +105,17 @@ def decoder_search(arch: Arch, span: Span, tokens: list[list[int]], batch_size: 
     emb, q, k, v = arch.token_kv(first, 0)
     empty = k.new_zeros((1, 0) + k.shape[1:])
     dist = span.distance(arch.next_layer2_inputs(empty, empty, (emb, q, k, v)))[0]
-    prefixes, keys, values = first.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-    total = dist
-    passed = dist < l2                # every position so far within l2
-    good = torch.ones(len(prefixes), dtype=torch.bool, device=dev)
+    keep = torch.nonzero(dist < l2).flatten()
+    if len(keep) < batch_size:        # fall-backs: the closest failing first tokens, as at every later step
+        failing = torch.nonzero(dist >= l2).flatten()
+        keep = torch.cat([keep, failing[torch.argsort(dist[failing])[:batch_size]]])
+    prefixes, keys, values = first[keep].unsqueeze(1), k[keep].unsqueeze(1), v[keep].unsqueeze(1)
+    total = dist[keep]
+    passed = total < l2               # every position so far within l2
+    good = passed.clone()             # not a fall-back
     exact: list[Sentence] = []
     approx: list[Sentence] = []
+    sure = 0                          # finished sentences whose every position passed
     for p in range(1, len(tokens)):
         if not tokens[p]:
             break
@@ -126,8 +134,11 @@ def decoder_search(arch: Arch, span: Span, tokens: list[list[int]], batch_size: 
         dead = ~ok.view(n, kc).any(1)
         for i in torch.nonzero(dead & good).flatten().tolist():
             exact.append((prefixes[i].tolist(), float(total[i]) / p))
+        sure += int((dead & good & passed).sum())
         bad = torch.nonzero(~ok).flatten()
         ext = lambda ids: torch.cat([prefixes[parent[ids]], cand[child[ids]].unsqueeze(1)], 1)   # noqa: E731
+        if sure + min(int(ok.sum()), max_prefixes) >= batch_size:
+            bad = bad[:0]   # B exact sentences are certain: assemble() would never read a fall-back
         fall = bad[_best_distinct_ids(_LazyRows(ext, bad), mean[bad].tolist(), batch_size, distinct)]
         approx += [(s, float(sc)) for s, sc in zip(ext(fall).tolist(), mean[fall].tolist())]
         take = torch.cat([torch.nonzero(ok).flatten()[:max_prefixes], fall])
