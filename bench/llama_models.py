@@ -118,7 +118,7 @@ def _build(data: Dataset, weights: str, n_positions: int) -> nn.Module:
     net.to_empty(device="cpu")
     missing, _ = net.load_state_dict(state, strict=False)
     if set(missing) - {"score.weight", "lm_head.weight"}:
-        raise ValueError(f"checkpoint lacks {sorted(missing)[0]}")
+        raise ValueError(f"checkpoint lacks {min(set(missing) - {'score.weight', 'lm_head.weight'})}")
     net.model.rotary_emb = type(net.model.rotary_emb)(config)   # non-persistent buffers are not in the state
     if classify:
         with torch.no_grad():   # DAGER's code re-initializes the classification head N(0, 1e-3)
