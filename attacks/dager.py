@@ -24,7 +24,7 @@ are logit-transformed and z-scored; at position 0 tokens below -`std_thresh` sig
 kept, elsewhere the max(50 B, 5 % of the vocabulary) closest; at layer 2 the extensions
 whose mean distance is an outlier below -`std_thresh` sigma (at most B per step) survive.
 
-Blocked by design when the view is empty, the model is not a GPT-2 or BERT layout, the
+Blocked by design when the view is empty, the model is not a GPT-2, BERT or LLaMA layout, the
 first two layers' projection gradients are entirely hidden, or the server does not know
 the global weights.
 """
@@ -61,7 +61,7 @@ def visible_block(grad: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tens
     return grad[:, idx], idx
 
 
-@ATTACKS.register("dager", "DAGER: exact text from the span of the first layers' gradients (GPT-2, BERT, LoRA)")
+@ATTACKS.register("dager", "DAGER: exact text from the span of the first layers' gradients (GPT-2, BERT, LLaMA, LoRA)")
 class Dager(Attack):
     family = "text"
 
@@ -99,7 +99,7 @@ class Dager(Attack):
             return str(err)
         if len(arch.layers) < 2:
             return "needs at least two transformer layers"
-        if any(n not in knowledge.global_params for n in (p.grad_name for p in arch.layers[:2])):
+        if any(n not in knowledge.global_params for p in arch.layers[:2] for n in p.grad_names):
             return f"the first two layers' projections of model '{knowledge.model_name}' are not trained, so no " \
                    "gradient of them is ever sent"
         if self.noise_filter and arch.kind == "encoder":
@@ -111,7 +111,7 @@ class Dager(Attack):
             return "the server view is empty: every entry is encrypted or kept local"
         if not knowledge.knows_global_model():
             return "the server does not know the current global weights (clients decrypt them)"
-        names = [p.grad_name for p in Arch(knowledge.build_model(), pad_id=-1).layers[:2]]
+        names = [n for p in Arch(knowledge.build_model(), pad_id=-1).layers[:2] for n in p.grad_names]
         if any(n not in view.visible for n in names):
             return "the defense's model does not train the first two layers' projections, so their gradients are " \
                    "not sent"
@@ -163,12 +163,11 @@ class Dager(Attack):
         """Spans of layers 1 and 2 at the estimated rank, or None when a layer has no visible block."""
         blocks = []
         for proj in arch.layers[:10]:
-            if proj.grad_name not in view.values:
+            if any(n not in view.values for n in proj.grad_names):
                 break
-            grad = knowledge.gradient(view, proj.grad_name)
-            visible = view.visible[proj.grad_name]
-            if proj.transpose:
-                grad, visible = grad.T, visible.T
+            flip = (lambda t: t.T) if proj.transpose else (lambda t: t)   # noqa: E731
+            grad = torch.cat([flip(knowledge.gradient(view, n)) for n in proj.grad_names])   # rows stacked
+            visible = torch.cat([flip(view.visible[n]) for n in proj.grad_names])
             transform = None
             if proj.lora_a is not None:
                 a_visible = view.visible[proj.lora_a]

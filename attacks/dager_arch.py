@@ -1,8 +1,9 @@
 """What DAGER needs to know about a transformer: which gradients to read and the inputs of layers 1 and 2.
 
-Two layouts are known, found by module type rather than by parameter-index lists:
-GPT-2 (the fused attention input projection `attn.c_attn`, input ln_1(wte[t] + wpe[p]))
-and BERT (`attention.self.query`, input LayerNorm(word[t] + type[0] + pos[p])). With
+Three layouts are known, found by module type rather than by parameter-index lists:
+GPT-2 (the fused attention input projection `attn.c_attn`, input ln_1(wte[t] + wpe[p])),
+BERT (`attention.self.query`, input LayerNorm(word[t] + type[0] + pos[p])) and LLaMA
+(`self_attn.q_proj`, input RMSNorm(embed[t]): position-free, attacks/dager_llama.py). With
 LoRA on the projection the gradient of A (r x d) = B^T G X^T has rows in the span of the
 inputs whenever the global B != 0 (and A is fully visible); at B = 0 (the LoRA init, so every
 first round) grad A is zero, or pure noise under a noise defense, and we read grad B (d_out x r)
@@ -12,10 +13,10 @@ way the span test needs r > the number of tokens.
 
 Decoders are causal, so extending a prefix by one token leaves the layer-2 inputs of the
 earlier positions unchanged, and block 0's keys and values at a position depend on that
-position's token alone. `next_layer2_inputs` therefore runs block 0 for the new position only,
-attending over the prefix's cached keys and values: one token's work per extension instead
-of the whole prefix's. It calls the block's own modules (LoRA wrappers included) and is
-checked against the full forward (`layer_inputs`) in the tests.
+position's token alone. A decoder layout's `next_layer2_inputs` therefore runs block 0 for the
+new position only, attending over the prefix's cached keys and values: one token's work per
+extension instead of the whole prefix's. It calls the block's own modules (LoRA wrappers
+included) and is checked against the full forward (`layer_inputs`) in the tests.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attacks.dager_layouts import BertLayout, GPT2Layout, is_lora
+from attacks.dager_llama import LlamaLayout
+
 
 class _Stop(Exception):
     """Raised by a hook to end a forward pass once the wanted layer input is captured."""
@@ -31,41 +35,49 @@ class _Stop(Exception):
 
 @dataclass
 class Projection:
-    """One layer's attention input projection as DAGER reads it."""
+    """One layer's attention input projection(s) as DAGER reads them."""
 
     module: nn.Module            # the module whose input is the layer input
-    grad_name: str               # parameter whose gradient is read
+    grad_names: tuple[str, ...]  # parameters whose gradients are read, rows stacked (all take the layer input)
     transpose: bool              # Conv1D stores (in, out): rows in span after transposing
     lora_a: str | None = None    # set when grad rows live in span{A x}: name of A's weight
 
+    @property
+    def grad_name(self) -> str:
+        return self.grad_names[0]
+
+
+def _layouts() -> list[tuple[type, object]]:
+    from transformers import BertModel, GPT2Model, LlamaModel
+
+    return [(GPT2Model, GPT2Layout), (BertModel, BertLayout), (LlamaModel, LlamaLayout)]
+
 
 class Arch:
-    """Layer inputs of a known transformer; `kind` is decoder (causal) or encoder (bidirectional)."""
+    """Layer inputs of a known transformer; `kind` is decoder (causal) or encoder (bidirectional);
+    `position_free` when the layer-1 inputs carry no position (rotary embeddings act after the projection)."""
 
     def __init__(self, model: nn.Module, pad_id: int):
-        from transformers import BertModel, GPT2Model
         self.model = model
         self.pad_id = pad_id
         names = {id(p): n for n, p in model.named_parameters()}
-        gpt = [m for m in model.modules() if isinstance(m, GPT2Model)]
-        bert = [m for m in model.modules() if isinstance(m, BertModel)]
-        if gpt:
-            self.kind, self.core = "decoder", gpt[0]
-            mods = [block.attn.c_attn for block in self.core.h]
-        elif bert:
-            self.kind, self.core = "encoder", bert[0]
-            mods = [layer.attention.self.query for layer in self.core.encoder.layer]
+        for cls, layout in _layouts():
+            found = [m for m in model.modules() if isinstance(m, cls)]
+            if found:
+                self.layout = layout(found[0])
+                break
         else:
-            raise ValueError(f"{type(model).__name__} is not a transformer DAGER knows (GPT-2 or BERT)")
-        self.layers = [self._projection(m, names) for m in mods]
+            raise ValueError(f"{type(model).__name__} is not a transformer DAGER knows (GPT-2, BERT or LLaMA)")
+        self.kind, self.position_free, self.core = self.layout.kind, self.layout.position_free, self.layout.core
+        self.layers = [self._projection(m, names) for m in self.layout.projections]
 
     @staticmethod
-    def _projection(module: nn.Module, names: dict[int, str]) -> Projection:
-        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+    def _projection(modules: list[nn.Module], names: dict[int, str]) -> Projection:
+        module = modules[0]
+        if is_lora(module):
             a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
-            return Projection(module, names[id(b)], False, lora_a=names[id(a)])
-        weight = module.weight
-        return Projection(module, names[id(weight)], type(module).__name__ == "Conv1D")
+            return Projection(module, (names[id(b)],), False, lora_a=names[id(a)])
+        return Projection(module, tuple(names[id(m.weight)] for m in modules), type(module).__name__ == "Conv1D")
 
     # -- special tokens -------------------------------------------------------------------------
     def special_ids(self, tokenizer) -> set[int]:
@@ -75,47 +87,28 @@ class Arch:
     @torch.no_grad()
     def layer1_candidates(self, position: int, rows: slice) -> torch.Tensor:
         """Layer-1 projection inputs of vocabulary tokens rows at `position`, shape (n, d)."""
-        if self.kind == "decoder":
-            h = self.core.wte.weight[rows] + self.core.wpe.weight[position]
-            return self.core.h[0].ln_1(h)
-        emb = self.core.embeddings
-        h = emb.word_embeddings.weight[rows] + emb.token_type_embeddings.weight[0] + \
-            emb.position_embeddings.weight[position]
-        return emb.LayerNorm(h)
+        return self.layout.layer1_inputs(position, rows)
 
     def vocab_size(self) -> int:
-        return (self.core.wte if self.kind == "decoder" else self.core.embeddings.word_embeddings).weight.shape[0]
+        return self.layout.embedding.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.layout.embedding.device
 
     # -- layer 2, decoders: one new position at a time over cached block-0 keys and values ------------
     @torch.no_grad()
     def token_kv(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, ...]:
-        """Block 0 at `position` for tokens (k,): embeddings (k, d) and per-head q, k, v (k, heads, d / heads)."""
-        block = self.core.h[0]
-        emb = self.core.wte.weight[tokens] + self.core.wpe.weight[position]
-        q, k, v = block.attn.c_attn(block.ln_1(emb)).split(emb.shape[-1], dim=-1)
-        heads = block.attn.num_heads
-        return (emb,) + tuple(t.reshape(len(tokens), heads, -1) for t in (q, k, v))
+        """Block 0 at `position` for tokens (k,): embeddings (k, d) and per-head q, k, v (k, heads, head size);
+        k and v have the key/value heads (fewer than q's under grouped-query attention), position applied."""
+        return self.layout.token_kv(tokens, position)
 
     @torch.no_grad()
     def next_layer2_inputs(self, keys: torch.Tensor, values: torch.Tensor, step: tuple[torch.Tensor, ...],
                            chunk: int = 4096) -> torch.Tensor:
-        """Layer-2 inputs (n, k, d) at the next position of n prefixes (keys, values: (n, p, heads, d / heads))
-        each extended by each of k candidate tokens (`step` = token_kv of the candidates at that position)."""
-        block = self.core.h[0]
-        emb, q, k, v = step
-        scale = q.shape[-1] ** -0.5 if block.attn.scale_attn_weights else 1.0
-        per = max(1, chunk // max(1, len(emb)))
-        out = []
-        for s in range(0, len(keys), per):
-            kp, vp = keys[s:s + per], values[s:s + per]
-            logits = torch.cat([torch.einsum("khd,nphd->nkhp", q, kp),
-                                (q * k).sum(-1)[None, :, :, None].expand(len(kp), -1, -1, 1)], -1) * scale
-            w = torch.softmax(logits, dim=-1)
-            attn = torch.einsum("nkhp,nphd->nkhd", w[..., :-1], vp) + w[..., -1:] * v[None]
-            h = emb[None] + block.attn.c_proj(attn.flatten(2))
-            h = h + block.mlp(block.ln_2(h))
-            out.append(self.core.h[1].ln_1(h))
-        return torch.cat(out)
+        """Layer-2 inputs (n, k, d) at the next position of n prefixes (keys, values: (n, p, kv heads, head
+        size)) each extended by each of k candidate tokens (`step` = token_kv of the candidates there)."""
+        return self.layout.next_layer2_inputs(keys, values, step, chunk)
 
     # -- layer 2: inputs of the second layer's projection for whole sequences ---------------------
     @torch.no_grad()

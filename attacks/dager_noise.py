@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from attacks.dager_arch import Arch
-from attacks.dager_search import Sentence, _scores
+from attacks.dager_search import Sentence, _scores, layer1_distances
 from attacks.dager_span import Span
 
 
@@ -27,18 +27,18 @@ def _z(dist: torch.Tensor) -> torch.Tensor:
 
 def noisy_layer1_tokens(arch: Arch, span: Span, max_len: int, drop: set[int], batch_size: int, std: float,
                         chunk: int = 8192) -> list[list[int]]:
-    vocab = arch.vocab_size()
-    cap = max(50 * batch_size, int(0.05 * vocab))
+    cap = max(50 * batch_size, int(0.05 * arch.vocab_size()))
     tokens = []
     for p in range(max_len):
-        dist = torch.cat([span.distance(arch.layer1_candidates(p, slice(s, min(s + chunk, vocab))))
-                          for s in range(0, vocab, chunk)])
+        dist = layer1_distances(arch, span, p, chunk)
         z = _z(dist)
         order = torch.argsort(dist)[:cap]
         hit = [t for t in order.tolist() if z[t] < -std and t not in drop]
         if not hit:
             break
         tokens.append(hit)
+        if arch.position_free:   # rotary models: one pass holds at every position (official: position 0's set)
+            return tokens * max_len
     return tokens
 
 

@@ -48,9 +48,19 @@ class Span:
 
 
 def spectrum(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(singular values descending, right singular vectors as columns) of mat (m, d), via float64 G^T G."""
+    """(singular values descending, right singular vectors as columns) of mat (m, d), via float64 G^T G.
+
+    On a CPU the eigendecomposition runs on one thread: threaded LAPACK spins when another process
+    holds a core (d = 576: 0.05 s on one thread, 3-8 s on two of two busy cores)."""
     g = mat.double()
-    evals, evecs = torch.linalg.eigh(g.T @ g)
+    gram = g.T @ g
+    threads = torch.get_num_threads()
+    if gram.device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        evals, evecs = torch.linalg.eigh(gram)
+    finally:
+        torch.set_num_threads(threads)
     order = torch.argsort(evals, descending=True)
     return evals[order].clamp_min(0).sqrt(), evecs[:, order]
 

