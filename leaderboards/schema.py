@@ -23,6 +23,7 @@ class Shown:
     display: str = ""
     per_attack: bool | None = None
     title: str = ""
+    flag_above: float | None = None
 
     @property
     def arrow(self) -> str:

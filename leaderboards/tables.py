@@ -150,8 +150,12 @@ def _value(value: Any, metric, repeats: list | None) -> dict[str, Any]:
     text = metric.format(value)
     if is_number(value) and repeats and len(repeats) > 1 and all(is_number(v) for v in repeats):
         text += " ± " + metric.format(statistics.pstdev(repeats))
-    return {"text": text, "sort": value if is_number(value) else "", "cls": "na" if isinstance(value, str) else "",
+    cell = {"text": text, "sort": value if is_number(value) else "", "cls": "na" if isinstance(value, str) else "",
             "span": 1}
+    flag = getattr(metric, "flag_above", None)
+    if flag is not None and is_number(value) and value > flag:
+        cell.update(cls="flagged", title=f"above {flag}: {metric.description}")
+    return cell
 
 
 def _strongest(col: Column, mine: list[dict[str, Any]], fams: set[str], families, schema) -> dict[str, Any]:

@@ -27,6 +27,7 @@ GRID_DEFENSES = [
     ("gaussian-noise", {"sigma": 1e-3}),
     ("she-lora", {"budget": 0.1}),
     ("flex-lora", {"sigma": 0.001}),
+    ("secagg", {}),
 ]
 LORA_ONLY = {"she-lora", "flex-lora"}   # defenses of LoRA adapters: the text track only
 TEXT = {"dataset": "sst2", "model": "gpt2-lora", "model_params": {"n_embd": 32, "n_layer": 2, "n_head": 2},
@@ -58,7 +59,8 @@ TEXT_ATTACKS = [
     ("mia-pac", {"augmentations": 1}),
     ("dager", {}),
 ]
-GRID_ATTACKS = IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS]
+CANARY_ATTACKS = [("audit-canary", {})]   # on canary trials (scenario canary = gradient / mislabeled)
+GRID_ATTACKS = IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS] + CANARY_ATTACKS
 MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary data for the mia-* attacks
 
 
@@ -86,3 +88,13 @@ def test_defense_runs_against_every_text_attack(defense, data_root):
     suite = tiny_suite([defense], TEXT_ATTACKS, attack_batch_size=2, **(TEXT | MIA))
     preflight(suite, data_root)
     _check(list(run_group(list(suite.cells), data_root)), TEXT_ATTACKS, defense)
+
+
+@pytest.mark.parametrize("canary", ["gradient", "mislabeled"])
+@pytest.mark.parametrize("defense", [d for d in GRID_DEFENSES if d[0] not in LORA_ONLY],
+                         ids=[d for d, _ in GRID_DEFENSES if d not in LORA_ONLY])
+def test_defense_runs_against_the_canary_audit(defense, canary):
+    suite = tiny_suite([defense], CANARY_ATTACKS, model="mlp-tiny", attack_batch_size=2, attack_repeats=4,
+                       canary=canary)
+    preflight(suite, None)
+    _check(list(run_group(list(suite.cells), None)), CANARY_ATTACKS, defense)

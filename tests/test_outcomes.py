@@ -36,6 +36,7 @@ VIEW_REASONS = {
     "the labels are neither granted nor readable from the classifier head (hidden); dlg and inverting-gradients "
     "optimize them": "the view (a hidden head)",
     "the iDLG label rule needs a visible entry in every row of the classifier head": "the view (a hidden head)",
+    "every entry the canary moves is hidden from the server": "the view",
 }
 # Reasons a run-time helper can still return but that the suite's load refuses first (Attack.applicable).
 REFUSED_AT_LOAD = {"label_strategy 'known' needs a scenario that grants the attacker the labels"}

@@ -53,7 +53,7 @@ def test_hidden_positions_never_reach_the_view(shape_list, seed, meta, sent):
             assert view.layouts[f"sent/{r}/{what}"] in LAYOUTS
 
 
-GRID = [("plaintext", {}), ("maskcrypt", {}), ("selectiveshield", {"noise_multiplier": 1.0}),
+GRID = [("plaintext", {}), ("maskcrypt", {}), ("secagg", {}), ("selectiveshield", {"noise_multiplier": 1.0}),
         ("sensecrypt", {"key_bits": 512, "ratio_cap": 0.05}), ("fedml-he", {}), ("dictpfl", {})]
 
 

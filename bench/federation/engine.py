@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from bench.federation import candidates
+from bench.federation.canary import coins, make_canary, trial_batch, trial_update
 from bench.federation.client_devices import assign
 from bench.federation.costs import CostMeter
 from bench.federation.partition import partition
@@ -29,7 +30,7 @@ from bench.models.losses import TASKS
 from bench.models.pretrain import pretrain, split_public
 from bench.protocol.defense import Defense, Party
 from bench.protocol.evidence import Truth
-from bench.protocol.view import ServerView
+from bench.protocol.view import Canary, ServerView
 from bench.protocol.wire import Payload, Traffic, Upload
 
 
@@ -114,23 +115,30 @@ def _sample(fed: Federation, round: int) -> list[Client]:
     return [fed.clients[i] for i in sorted(chosen)]
 
 
-def _train(fed: Federation, sampled: list[Client], round: int) -> dict[str, list[tuple]]:
-    """Each sampled client's update(s): (x, y, update, attacked); the attacked client's are FedSGD batches."""
+def _train(fed: Federation, sampled: list[Client], round: int, canary: Canary | None) -> dict[str, list[tuple]]:
+    """Each sampled client's update(s): (x, y, update, attacked, canary in the trial or None); the attacked
+    client's are FedSGD batches, canary trials where the scenario runs them (bench/federation/canary.py)."""
     sc = fed.scenario
     trained: dict[str, list[tuple]] = {}
     for client in sampled:
         gen = torch.Generator().manual_seed(sc.seed * 100_003 + round * 1_009 + client.index)
         attacked = round == sc.attack_round and client.index == sc.attack_client
+        flips = coins(fed)
         trained[client.name] = []
         for _ in range(sc.attack_repeats if attacked else 1):
+            included = bool(flips.integers(2)) if attacked and canary is not None else None
             if attacked:
                 idx = torch.randperm(client.num_samples, generator=gen)[:sc.attack_batch_size]
                 x, y, mode = client.x[idx], client.y[idx], sc.attack_update
+                if included is not None:
+                    x, y = trial_batch(canary, x, y, included)
             else:
                 x, y, mode = client.x, client.y, "delta"
             update = local_update(fed, client, x, y, mode, gen)
+            if included is not None:
+                update = trial_update(canary, update, included)
             require_finite(update, round, f"{client.name}'s update")
-            trained[client.name].append((x, y, update, attacked))
+            trained[client.name].append((x, y, update, attacked, included))
     return trained
 
 
@@ -141,12 +149,13 @@ def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, k
     uploads = []
     for client in sampled:
         weight = client.num_samples / total
-        for rep, (x, y, update, attacked) in enumerate(trained[client.name]):
+        for rep, (x, y, update, attacked, included) in enumerate(trained[client.name]):
             upload = Upload(client.name, fed.round, weight, defense.encode(fed, client, update, weight))
             if attacked:
                 told = y.tolist() if fed.scenario.labels_known else None
                 sent = fed.traffic.sent_in_clear(client.name, "server")
-                truth = Truth(x, y, update, client_y=client.y)
+                member = None if included is None else np.array([int(included)])
+                truth = Truth(x, y, update, client_y=client.y, member=member, trial=included is not None)
                 targets.append(Target(ServerView.of(upload, fed.shapes, sent), truth, replace(knowledge, labels=told)))
             if rep == 0:
                 fed.send(client.name, "server", "upload", upload.payload)
@@ -189,13 +198,14 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
     last = {n: v.clone() for n, v in initial.items()}   # each entry's last value the server knew
     targets: list[Target] = []
     knowledge, diverged = None, None
+    canary = make_canary(fed)
     for r in range(scenario.rounds):
         fed.round = r
         sampled = _sample(fed, r)
         if r == scenario.attack_round:
-            knowledge = server_view_knowledge(fed, known, defense)
+            knowledge = replace(server_view_knowledge(fed, known, defense), canary=canary)
         try:
-            trained = _train(fed, sampled, r)
+            trained = _train(fed, sampled, r, canary)
             defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
             uploads = _upload(fed, defense, sampled, trained, knowledge, targets)
             _aggregate(fed, defense, sampled, uploads, known)

@@ -26,7 +26,7 @@ def server_knowledge(sc: Scenario, data, model: torch.nn.Module, params: dict[st
                      num_classes=data.num_classes, input_shape=tuple(data.input_shape),
                      batch_size=sc.attack_batch_size, lr=sc.lr, update_kind=sc.attack_update, local_steps=steps,
                      head=head, vocab_size=data.vocab_size, tokenizer=data.tokenizer, build_model=new_model,
-                     uploads_weights=uploads_weights)
+                     uploads_weights=uploads_weights, delta=sc.delta)
 
 
 def setting(sc: Scenario, data, model: torch.nn.Module | None = None) -> Setting:
@@ -36,7 +36,7 @@ def setting(sc: Scenario, data, model: torch.nn.Module | None = None) -> Setting
     state = dict(model.named_parameters()) | dict(model.named_buffers())
     params = {n: state[n].detach() for n in update_names(model)}
     knowledge = server_knowledge(sc, data, model, params, lambda: build_model(sc.model, data, **sc.model_params))
-    return Setting(knowledge, sc.mia_size, sc.mia_aux, sc.labels_known, model)
+    return Setting(knowledge, sc.mia_size, sc.mia_aux, sc.labels_known, model, sc.canary)
 
 
 def server_view_knowledge(fed: Federation, known: dict[str, torch.Tensor], defense: Defense) -> Knowledge:

@@ -70,6 +70,9 @@ class Scenario:
     attack_update: str = "gradient"   # gradient (one FedSGD step, the attack papers' setting) | delta (local training)
     attack_repeats: int = 1           # independent attacked batches (e.g. 10 images for iDLG)
     labels_known: bool = False        # threat-model knob: the attacker is told the batch's labels
+    canary: str = "none"              # audit trials (bench/federation/canary.py): each attacked repeat holds a
+                                      # canary or not, by a fair seeded coin: none | gradient | mislabeled
+    canary_norm: float = 10.0         # a gradient canary's update norm (above any clip, so a DP clip binds)
     # membership inference (bench/federation/candidates.py): candidates and the attacker's auxiliary data
     mia_size: int | None = None       # members and as many held-out non-members; unset: membership attacks get
                                       # bench/federation/candidates.py's default pool (500, bounded by the data); 0: none
@@ -96,6 +99,9 @@ class Scenario:
         check_choice("attack_update", self.attack_update, ("gradient", "delta"))
         check_choice("sampling", self.sampling, ("fixed", "poisson"))
         check_choice("mia_members", self.mia_members, ("all", "client"))
+        check_choice("canary", self.canary, ("none", "gradient", "mislabeled"))
+        if not (math.isfinite(self.canary_norm) and self.canary_norm > 0):
+            raise SpecError(f"scenario '{self.name}': canary_norm must be a finite number > 0, got {self.canary_norm}")
         if (self.mia_size or 0) < 0 or self.mia_aux < 0:
             raise SpecError(f"scenario '{self.name}': mia_size and mia_aux must be >= 0")
         if not 0.0 <= self.public_fraction < 1.0:

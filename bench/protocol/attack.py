@@ -30,6 +30,7 @@ class Setting:
     mia_aux: int
     labels_known: bool        # the scenario grants the attacker the batch's labels
     model: torch.nn.Module    # the scenario's public model as built (read it, never train it)
+    canary: str = "none"      # the scenario's canary trials: none, gradient or mislabeled
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Reconstruction:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-FAMILIES = ("label", "image", "text", "membership", "reference")
+FAMILIES = ("label", "image", "text", "membership", "audit", "reference")
 
 
 class Attack(Configurable, ABC):
@@ -62,6 +63,8 @@ class Attack(Configurable, ABC):
         if self.needs_membership and setting.mia_size == 0:
             return "it scores membership candidates and the scenario sets mia_size = 0; leave mia_size out for the " \
                    "default pool"
+        if self.needs_membership and setting.canary != "none":
+            return "the scenario's attacked uploads are canary trials; score membership in a scenario without canary"
         return None
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:

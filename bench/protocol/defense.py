@@ -22,6 +22,8 @@ KEY_TOPOLOGIES = {
     "none": "nobody needs to: the upload is plaintext",
     "shared-client-key": "any one client colluding with the aggregation server",
     "key-server": "the key server colluding with the aggregation server",
+    "pairwise-masks": "every other client of the round colluding with the aggregation server (their pair seeds "
+                      "unmask one upload)",
 }
 
 

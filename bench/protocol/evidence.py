@@ -31,6 +31,8 @@ class Truth:
     update: dict[str, torch.Tensor]
     member: np.ndarray | None = None     # membership label per candidate (1 = member), in candidate order
     client_y: torch.Tensor | None = None   # every label the attacked client holds (what negotiation may leak)
+    trial: bool = False                  # one trial of a repeated experiment (a canary in or out): a cell's
+                                         # metrics then score all its trials together
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Metric:
     display: str = ""                 # the leaderboard's header (default: the name)
     per_attack: bool | None = None    # varies with the attack (default: per-target privacy metrics do); False:
                                       # a property of the run or the view, shown once per defense
+    flag_above: float | None = None   # a value above it is flagged on the page (a warning about the setting)
 
     @property
     def arrow(self) -> str:
@@ -84,13 +87,14 @@ class Metric:
 
 def metric(name: str, unit: str, lower_is_better: bool | None, kind: str, description: str, *,
            fmt: str = "{:.3f}", per_target: bool = True, timing: bool = False,
-           details: Callable[[Evidence], dict] | None = None, display: str = "", per_attack: bool | None = None):
+           details: Callable[[Evidence], dict] | None = None, display: str = "", per_attack: bool | None = None,
+           flag_above: float | None = None):
     """Register a metric function under the schema."""
     assert kind in KINDS, kind
 
     def decorate(fn: Callable[[Evidence], Any]) -> Callable[[Evidence], Any]:
         METRICS.add(name, Metric(name, unit, lower_is_better, kind, description, fn, fmt, per_target, timing,
-                                 details, display, per_attack), description)
+                                 details, display, per_attack, flag_above), description)
         return fn
 
     return decorate

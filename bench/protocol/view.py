@@ -92,6 +92,8 @@ class Knowledge:
     build_model: Any = field(default=None, repr=False)   # () -> fresh module of the public architecture
     membership: "MembershipKnowledge | None" = None   # the membership pool, when an attack of the run scores one
     uploads_weights: bool = False              # the protocol uploads trained weights, not updates
+    delta: float = 1e-5                        # the scenario's DP delta (public)
+    canary: "Canary | None" = None             # the auditor's canary, in a scenario that runs canary trials
 
     def knows_global_model(self) -> bool:
         return all(not torch.isnan(p).any() for p in self.global_params.values())
@@ -149,9 +151,20 @@ def load(knowledge, params: dict[str, torch.Tensor]) -> torch.nn.Module:
     return model.eval()
 
 
+@dataclass(frozen=True)
+class Canary:
+    """What an auditor plants and therefore knows: a gradient canary (an update direction the canary client
+    uploads, or not) or a mislabeled record the attacked batch holds, or not (bench/federation/canary.py)."""
+
+    kind: str                                  # gradient | mislabeled
+    update: dict[str, torch.Tensor] | None = None
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+
+
 def hidden_leak_free(view: ServerView) -> bool:
     """True when every hidden position is NaN: the property the wire tests check."""
     return all(bool(torch.isnan(view.values[n][~view.visible[n]]).all()) for n in view.values)
 
 
-__all__ = ["ServerView", "Knowledge", "MembershipKnowledge", "hidden_leak_free", "load", "model_blocked"]
+__all__ = ["ServerView", "Knowledge", "MembershipKnowledge", "Canary", "hidden_leak_free", "load", "model_blocked"]

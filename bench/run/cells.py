@@ -11,11 +11,13 @@ import os
 import platform
 import time
 import traceback
+from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
+from bench.protocol.attack import Reconstruction
 from bench.registry import ATTACKS, DEFENSES, METRICS
 from bench.run.leases import new_run_id
 from bench.run.spec import Cell
@@ -69,6 +71,8 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     texts, info = [], []
     attack_time, thumb = 0.0, None
     read: set[str] = set()
+    trials = all(t.truth.trial for t in run.targets)   # canary trials: scored together, one label each
+    scored: list[tuple[Reconstruction, Any]] = []
     for i, target in enumerate(run.targets):
         start = time.perf_counter()
         rec = attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i)
@@ -77,20 +81,19 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         if i == 0 and rec.images is not None:   # ground truth next to the reconstruction, for the page
             from bench.run.thumbnails import thumbnail
             thumb = thumbnail(rec.images, target.truth.x)
-        for m in METRICS.entries():
-            if m.obj.per_target:
-                ev = Evidence(rec, target.truth, target.view, target.knowledge, run_values)
-                value = m.obj.compute(ev)
-                if value is not None:
-                    per_target.setdefault(m.name, []).append(value)
-                    if i == 0 and m.obj.details is not None:
-                        evidence.update(m.obj.details(ev))
+        scored.append((rec, target))
         if i == 0:
             evidence.update(rec.extra.get("details", {}))
         if rec.texts is not None:   # recovered sentences beside the references they were matched to
             info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
             matched, reference = rec.extra.get("_matched", (None, None))
             texts.append({"recovered": list(rec.texts), "matched": matched, "reference": reference})
+    if trials and all(r.scores is not None for r, _ in scored):
+        _score(_pooled(scored, run_values), per_target, evidence)
+    else:
+        for i, (rec, target) in enumerate(scored):
+            _score(Evidence(rec, target.truth, target.view, target.knowledge, run_values), per_target,
+                   evidence if i == 0 else None)
     run_values["attack_s"] = attack_time / len(run.targets)
     metrics = _run_metrics(run_values)
     for name, values in per_target.items():
@@ -107,6 +110,29 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     if thumb:
         details["thumbnail"] = thumb
     return _record(cell, "ok", "", metrics, details)
+
+
+def _score(ev, per_target: dict[str, list], evidence: dict | None) -> None:
+    """Every per-target metric on one piece of evidence; `evidence` collects their details (first upload's)."""
+    for m in METRICS.entries():
+        if m.obj.per_target:
+            value = m.obj.compute(ev)
+            if value is not None:
+                per_target.setdefault(m.name, []).append(value)
+                if evidence is not None and m.obj.details is not None:
+                    evidence.update(m.obj.details(ev))
+
+
+def _pooled(scored: list, run_values: dict[str, Any]):
+    """All trials of a cell as one piece of evidence: their scores and labels in trial order, the rest the
+    first trial's (the same view layout and knowledge)."""
+    from bench.protocol.evidence import Evidence
+
+    rec, target = scored[0]
+    scores = np.concatenate([np.asarray(r.scores, dtype=np.float64).reshape(-1) for r, _ in scored])
+    member = np.concatenate([t.truth.member for _, t in scored])
+    return Evidence(replace(rec, scores=scores), replace(target.truth, member=member), target.view, target.knowledge,
+                    run_values)
 
 
 def sent_in_clear(view, read: set[str]) -> list[dict[str, Any]]:

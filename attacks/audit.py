@@ -1,0 +1,85 @@
+"""audit-canary: does the attacked upload hold the auditor's canary? One score per canary trial.
+
+The server scores each trial with the best statistic its view allows (Nasr et al. 2023; Andrew et al.
+2024), oriented "higher = canary in"; metrics/audit.py turns the scores of all trials into an audited
+epsilon, metrics/membership.py into an AUROC.
+
+- gradient canary: the inner product of the server's estimate of the update (the visible entries; minus
+  the known global weights when the protocol uploads trained weights) with the canary direction on those
+  entries, divided by the direction's norm there: under Gaussian noise this is the likelihood-ratio
+  statistic of "canary in" against "nothing".
+- mislabeled canary: the cosine between the visible update and minus the canary record's gradient at the
+  global model the server sent (entries it does not know as zero), on the visible trainable entries:
+  Grad-Cosine (FedMIA) on one record.
+
+Blocked by design when the view holds no entry the statistic can use.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bench.protocol.attack import Attack, Reconstruction, Setting
+from bench.protocol.view import Knowledge, ServerView, load
+from bench.registry import ATTACKS
+
+
+def _update_estimate(view: ServerView, knowledge: Knowledge, name: str) -> torch.Tensor:
+    seen = view.values[name].double()
+    if knowledge.uploads_weights:
+        seen = seen - torch.nan_to_num(knowledge.global_params[name].double(), nan=0.0)
+    return seen
+
+
+@ATTACKS.register("audit-canary", "privacy audit: guesses from the server's view whether each canary trial's "
+                                  "upload holds the auditor's canary")
+class AuditCanary(Attack):
+    family = "audit"
+
+    def applicable(self, setting: Setting) -> str | None:
+        if setting.canary == "none":
+            return "needs canary trials; set the scenario's canary to gradient or mislabeled and attack_repeats >= 40"
+        if setting.canary == "mislabeled" and setting.knowledge.task != "classification":
+            return f"a mislabeled canary needs a classification task, this scenario is {setting.knowledge.task}"
+        return None
+
+    def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
+        if view.visible_fraction() == 0.0:
+            return "the server view is empty: every entry is encrypted or kept local"
+        canary = knowledge.canary
+        if canary.kind == "gradient" and not any(bool((view.visible[n] & (canary.update[n] != 0)).any())
+                                                  for n in canary.update):
+            return "every entry the canary moves is hidden from the server"
+        return None
+
+    def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
+        canary = knowledge.canary
+        if canary.kind == "gradient":
+            score = self._projection(view, knowledge)
+        else:
+            score = self._cosine(view, knowledge)
+        return Reconstruction(scores=np.array([score]))
+
+    @staticmethod
+    def _projection(view: ServerView, knowledge: Knowledge) -> float:
+        dot, norm = 0.0, 0.0
+        for name, direction in knowledge.canary.update.items():
+            seen = view.visible[name]
+            c = direction.double()[seen]
+            dot += float((torch.nan_to_num(_update_estimate(view, knowledge, name))[seen] * c).sum())
+            norm += float(c.pow(2).sum())
+        return dot / max(norm, 1e-30) ** 0.5
+
+    @staticmethod
+    def _cosine(view: ServerView, knowledge: Knowledge) -> float:
+        canary = knowledge.canary
+        model = load(knowledge, {n: torch.nan_to_num(v, nan=0.0) for n, v in knowledge.global_params.items()})
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(canary.x), canary.y).backward()
+        params = dict(model.named_parameters())
+        names = [n for n in view.values if n in params and params[n].grad is not None and bool(view.visible[n].any())]
+        if not names:
+            return 0.0
+        upload = torch.cat([torch.nan_to_num(_update_estimate(view, knowledge, n))[view.visible[n]] for n in names])
+        grad = torch.cat([params[n].grad.double()[view.visible[n]] for n in names])
+        return float(torch.nn.functional.cosine_similarity(upload, -grad, dim=0))
