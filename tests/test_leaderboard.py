@@ -7,7 +7,10 @@ from bench.registry import ATTACKS, METRICS
 from leaderboards.export import compare, load_frame
 from leaderboards.plots import pareto
 from leaderboards.render import render
+from leaderboards.formats import human_bytes, human_seconds
 from leaderboards.tables import scenario_table
+from leaderboards.texts import recovered_texts
+from leaderboards.verdicts import band
 
 
 def rec(defense, attack, status="ok", reason="", scenario="s", suite="t", **metrics):
@@ -101,3 +104,33 @@ def test_exports_load_frame_and_compare(tmp_path, capsys):
         {"cell": "s/plain/idlg", "metric": "psnr", "a": 30.0, "b": 31.5, "delta": 1.5}]
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert "psnr: 30.0 -> 31.5 (+1.5)" in capsys.readouterr().out
+
+
+def test_recovered_text_is_paired_as_the_metric_pairs_it():
+    refs = ["the cat sat on the mat", "a dog barked twice", "rain fell all night"]
+    swapped = {"recovered": [refs[2], refs[0], refs[1]], "reference": refs}
+    for block in (swapped, {**swapped, "matched": list(refs)}):    # paired here (Hungarian) or as the record says
+        shown = recovered_texts([block])
+        assert shown["summary"] == "3/3 exact" and [r["status"] for r in shown["batches"][0]] == ["exact"] * 3
+        assert [r["reference"] for r in shown["batches"][0]] == refs          # the full reference, never cut
+    nothing = recovered_texts([{"recovered": ["", ""], "matched": ["", ""], "reference": refs[:2]}])
+    assert nothing["summary"] == "0/2 exact, 2 nothing recovered"
+    assert [r["status"] for r in nothing["batches"][0]] == ["none", "none"]      # never shown as a match
+    partial = recovered_texts([{"recovered": ["the cat sat"], "reference": [refs[0]]}])
+    assert partial["batches"][0][0]["status"] == "partial" and 0 < partial["batches"][0][0]["overlap"] < 1
+
+
+def test_verdict_bands_read_absolute_values():
+    assert band("psnr", 70.66, True).level == "leak" and band("ssim", 1.0, True).text == "image recovered"
+    assert band("psnr", 20.0, True).level == "partial" and band("psnr", 9.0, True).level == "resisted"
+    assert band("lpips", 0.05, False).level == "leak"                         # lower LPIPS is the attacker's side
+    assert band("mia_auroc", 0.62, True, {"mia_auroc_ci95": [0.45, 0.80]}).level == "resisted"   # CI has 0.5
+    assert band("mia_auroc", 0.2, True).level == "leak"                       # read mirrored
+    assert band("mia_tpr_at_1fpr", 0.125, True, {"n_nonmembers": 24}) is None  # TPR at 0% FPR: no opinion
+    assert band("lnacc", 0.8, True) is None and band("lnacc", 1.0, True).level == "leak"
+    assert band("kde_mi", 3.0, True) is None
+
+
+def test_units():
+    assert human_bytes(7_554_120) == "7.55 MB" and human_bytes(114_954) == "115 kB" and human_bytes(512) == "512 B"
+    assert human_seconds(0.0108) == "10.8 ms" and human_seconds(0.0) == "0 s" and human_seconds(26.06) == "26.1 s"
