@@ -2,8 +2,8 @@
 
 Layout, left to right: rank, the defense (both pinned on the page), its verdict band
 (leaderboards/verdicts.py: what the worst case means on its own) and key topology, then the metric
-columns in tabs: "overview" (strongest attack and utility), one tab per attack, run-level privacy,
-utility, cost, and all columns.
+columns in tabs: "overview" (each family's two headline strongest-attack metrics and utility), "worst
+case" (every strongest-attack metric), one tab per attack, run-level privacy, utility, cost, and all.
 
 - Strongest attack (RobustBench's AutoAttack idea): for every privacy metric an attack reports,
   the worst case for the defended client over every attack that ran on that defense. Reference
@@ -34,6 +34,7 @@ FAMILY_ORDER = ("image", "text", "membership", "label", "")   # order of the str
 HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "rouge2", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "lnacc",
             "leacc", "label_acc")   # within a family, the headline metrics first (the first column ranks)
 LEAD = 4   # rank, defense, verdict, key topology: the columns before the metric columns
+OVERVIEW = 2   # worst-case metrics per attack family on the overview tab (the headline ones, HEADLINE order)
 RUN_TABS = (("privacy", "runpriv", "run-level privacy"), ("utility", "utility", "utility"), ("cost", "cost", "cost"))
 
 
@@ -134,8 +135,15 @@ def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
                                                   for f in reported[k]),
                                               HEADLINE.index(k) if k in HEADLINE else len(HEADLINE),
                                               list(schema).index(k)))
+    def primary(k):
+        return min(FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 9 for f in reported[k])
+
+    # the overview keeps each family's first OVERVIEW worst-case metrics; the rest sit in "worst case"
+    head = [k for k in ordered if [m for m in ordered if primary(m) == primary(k)].index(k) < OVERVIEW]
     strongest = Group("strongest", "strongest attack (worst case over attacks)", "",
-                      [_column(schema[k], "strongest") for k in ordered], "overview all", kind="strongest")
+                      [_column(schema[k], "strongest") for k in head], "overview worst all", kind="strongest")
+    more = Group("strongest-more", "strongest attack, more metrics", "",
+                 [_column(schema[k], "strongest") for k in ordered if k not in head], "worst all", kind="strongest")
     present = {k for r in records for k in r["metrics"]}
     run_groups = []
     for kind, tab, title in RUN_TABS:
@@ -144,7 +152,7 @@ def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
         if cols:
             tabs = f"{tab} all" + (" overview" if kind == "utility" else "")
             run_groups.append(Group(tab, title, "", cols, tabs, kind="run", tab_title=title))
-    all_groups = ([strongest] if strongest.columns else []) + groups + run_groups
+    all_groups = [g for g in (strongest, more) if g.columns] + groups + run_groups
     index = LEAD
     for g in all_groups:
         for c in g.columns:
@@ -158,6 +166,7 @@ def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
             for cell in row["cells"]:
                 cell.pop("by", None)
     tabs = [("overview", "overview")] if any("overview" in g.tabs.split() for g in all_groups) else []
+    tabs += [("worst", "worst case, every metric")] if more.columns else []
     tabs += [(g.tabs.split()[0], g.tab_title) for g in groups + run_groups] + [("all", "all columns")]
     return {"groups": all_groups, "rows": rows, "rank_key": strongest.columns[0].header if strongest.columns else "",
             "tabs": tabs, "default_tab": tabs[0][0], "notes": notes.items(),
