@@ -1,8 +1,8 @@
 """Rendered pages in a real browser (headless Chromium via selenium, 1400 px wide), walked whole: every
 sortable header sorts its own table best-first on the first click (by the column's direction), the page body
 never scrolls sideways (wide tables scroll inside their containers), every link and image resolves, and the
-console stays free of errors. The default run walks a small site rendered from hand-built records; the heavy
-run walks every committed page under leaderboards/results."""
+console stays free of errors. Two walks: a small site rendered here from hand-built records, and every committed
+page under leaderboards/results (about ten seconds, so both run by default and in CI)."""
 import base64
 import io
 import re
@@ -209,7 +209,6 @@ def test_tabs_show_one_column_group_and_filters_hide_rows(tmp_path):
         browser.quit()
 
 
-@pytest.mark.heavy
 def test_every_committed_page_sorts_fits_and_resolves(tmp_path):
     pytest.importorskip("selenium")
     counted = walk(COMMITTED, tmp_path)
