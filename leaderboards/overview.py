@@ -135,7 +135,7 @@ def overview(entries: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [(e, r) for e, r in pairs if r["defense"] == name]
         cells = [_family_cell([(e, r) for e, r in mine if family(r) == c["family"]], c["key"], c["shown"], c["banded"],
                               schema) for c in columns]
-        labels = {(r["suite"], r["scenario"], defense_label(r)) for _, r in mine}
+        labels = sorted({(r["suite"], r["scenario"], defense_label(r)) for _, r in mine})   # ties: stable pick
         costs = [utility[k] for k in labels if k in utility]
         hes = [he[k] for k in labels if k in he]
         rows.append({

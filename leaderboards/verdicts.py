@@ -129,8 +129,9 @@ def worst(verdicts: list[Verdict | None]) -> Verdict:
         return NONE
     top = max(LEVELS.index(v.level) for v in seen)
     same = [v for v in seen if LEVELS.index(v.level) == top]
-    return Verdict(LEVELS[top], " · ".join(dict.fromkeys(v.text for v in same)),
-                   "; ".join(dict.fromkeys(v.why for v in same if v.why)))
+    whys = list(dict.fromkeys(v.why for v in same if v.why))
+    more = f" (and {len(whys) - 3} more)" if len(whys) > 3 else ""
+    return Verdict(LEVELS[top], " · ".join(dict.fromkeys(v.text for v in same)), "; ".join(whys[:3]) + more)
 
 
 BLOCKED = Verdict("blocked", "blocked by design", "every attack that reports these metrics was blocked")
