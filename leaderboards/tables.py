@@ -31,7 +31,7 @@ from leaderboards.schema import family, schema_of
 from leaderboards.verdicts import BLOCKED, NONE, Verdict, band, worst
 
 FAMILY_ORDER = ("image", "text", "membership", "label", "")   # order of the strongest columns
-HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "rouge2", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "lnacc",
+HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "exact_match", "rouge2", "mia_auroc", "mia_tpr_at_1fpr", "lnacc",
             "leacc", "label_acc")   # within a family, the headline metrics first (the first column ranks)
 LEAD = 4   # rank, defense, verdict, key topology: the columns before the metric columns
 OVERVIEW = 2   # worst-case metrics per attack family on the overview tab (the headline ones, HEADLINE order)
