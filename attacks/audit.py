@@ -35,6 +35,7 @@ def _update_estimate(view: ServerView, knowledge: Knowledge, name: str) -> torch
                                   "upload holds the auditor's canary")
 class AuditCanary(Attack):
     family = "audit"
+    links = {"paper": "https://arxiv.org/abs/2006.07709"}
 
     def applicable(self, setting: Setting) -> str | None:
         if setting.canary == "none":

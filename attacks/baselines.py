@@ -18,6 +18,7 @@ from bench.registry import ATTACKS
 
 @ATTACKS.register("idlg-extended", "iDLG-extended label rule: classes with a negative weight-gradient row sum")
 class IDLGExtended(Attack):
+    links = {"paper": "https://openreview.net/forum?id=FIrQfNSOoTr", "code": "https://github.com/BUAA-CST/iLRG"}
     family = "label"
 
     def applicable(self, setting: Setting) -> str | None:

@@ -63,6 +63,10 @@ def visible_block(grad: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tens
 
 @ATTACKS.register("dager", "DAGER: exact text from the span of the first layers' gradients (GPT-2, BERT, LLaMA, LoRA)")
 class Dager(Attack):
+    links = {
+        "paper": "https://arxiv.org/abs/2405.15586",
+        "code": "https://github.com/insait-institute/dager-gradient-inversion",
+    }
     family = "text"
 
     def __init__(self, rank_tol: float | None = None, rank_cutoff: int = 20, l1_span_thresh: float = 1e-5,

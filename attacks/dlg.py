@@ -22,6 +22,8 @@ from bench.registry import ATTACKS
 
 @ATTACKS.register("dlg", "DLG: joint L-BFGS optimization of dummy inputs and soft labels on the visible entries")
 class DLG(GradientInversion):
+    links = {"paper": "https://arxiv.org/abs/1906.08935", "code": "https://github.com/mit-han-lab/dlg"}
+
     def __init__(self, steps: int = 300, restarts: int = 1, tol: float = 1e-10, label_strategy: str = "auto") -> None:
         super().__init__(Recipe(objective="l2", optimizer="lbfgs", steps=steps, lr=1.0, restarts=restarts, tol=tol),
                          label_strategy, steps=steps, restarts=restarts, tol=tol)

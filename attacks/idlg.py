@@ -27,6 +27,10 @@ __all__ = ["IDLG", "idlg_labels"]
 
 @ATTACKS.register("idlg", "iDLG: sign-rule (or granted) labels + L-BFGS gradient matching on the visible entries")
 class IDLG(GradientInversion):
+    links = {
+        "paper": "https://arxiv.org/abs/2001.02610",
+        "code": "https://github.com/PatrickZH/Improved-Deep-Leakage-from-Gradients",
+    }
     strategies = ("auto", "idlg", "known")
 
     def __init__(self, steps: int = 300, tol: float = 1e-10, label_strategy: str = "auto",

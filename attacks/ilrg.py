@@ -133,6 +133,7 @@ def solve_counts(probs: np.ndarray, grad_b: np.ndarray, batch_size: int,
 @ATTACKS.register("ilrg", "iLRG, the official algorithm: label counts from the head's gradients by one "
                           "pseudo-inverse solve")
 class ILRG(Attack):
+    links = {"paper": "https://openreview.net/forum?id=FIrQfNSOoTr", "code": "https://github.com/BUAA-CST/iLRG"}
     family = "label"
 
     def __init__(self, alpha: float = 1.0, estimate: bool = False) -> None:

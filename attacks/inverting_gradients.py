@@ -23,6 +23,8 @@ from bench.registry import ATTACKS
 @ATTACKS.register("inverting-gradients", "Inverting Gradients: cosine distance + TV, signed Adam, box projection, "
                                          "restarts, on the visible entries")
 class InvertingGradients(GradientInversion):
+    links = {"paper": "https://arxiv.org/abs/2003.14053", "code": "https://github.com/JonasGeiping/invertinggradients"}
+
     def __init__(self, steps: int = 4000, restarts: int = 2, lr: float = 0.1, tv: float = 0.2,
                  label_strategy: str = "auto") -> None:
         super().__init__(Recipe(objective="cosine", optimizer="adam", steps=steps, lr=lr, signed=True, boxed=True,

@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     site = sub.add_parser("site", help="re-render every suite directory under ROOT from its results.json (no "
                                        "rerun) and write ROOT/index.html linking them")
     site.add_argument("root")
+    site.add_argument("--date", default=None, metavar="YYYY-MM-DD",
+                      help="generation date every page prints (default: today, UTC); pass it to re-render identically")
     cmp = sub.add_parser("compare", help="per-cell metric deltas between two output directories (B - A)")
     cmp.add_argument("out_a")
     cmp.add_argument("out_b")
@@ -148,7 +150,15 @@ def _leaderboard(args) -> int:
 def _site(args) -> int:
     from leaderboards.site import build_site
 
-    print(f"site: {build_site(args.root, current=builtin_page_info)}")
+    import datetime
+
+    if args.date is not None:
+        try:
+            datetime.date.fromisoformat(args.date)
+        except ValueError:
+            raise ValueError(f"--date '{args.date}': expected YYYY-MM-DD, e.g. 2026-01-31") from None
+    date = args.date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    print(f"site: {build_site(args.root, current=builtin_page_info, generated=date)}")
     return 0
 
 

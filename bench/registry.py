@@ -69,6 +69,11 @@ class Registry(Generic[T]):
             raise UnknownName(self.kind[:-1] if self.kind.endswith("s") else self.kind,
                               name, self.names()) from None
 
+    def entry(self, name: str) -> Entry[T]:
+        """The named entry (its object and one-line description)."""
+        self.get(name)
+        return self._entries[name]
+
     def names(self) -> list[str]:
         discover()
         return sorted(self._entries)

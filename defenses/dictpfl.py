@@ -190,6 +190,7 @@ class PrME:
 @DEFENSES.register("dictpfl", "DictPFL: frozen SVD dictionary, CKKS-encrypted lookup table, TIP+HRC pruning; "
                               "nothing in plaintext")
 class DictPFL(Defense):
+    links = {"paper": "https://arxiv.org/abs/2510.21086", "code": "https://github.com/UCF-ML-Research/DictPFL"}
     key_topology = "shared-client-key"
     decodes_weighted_sum = False   # pruned entries carry over to later rounds (accumulated residuals)
 
@@ -285,6 +286,7 @@ class FedHETop2(SelectiveHE):
     by default the whole model trains and the earlier layers travel in plaintext, the partial-
     encryption reading that shows what the unencrypted layers expose. Weights, biases and the
     BN statistics of those two layers are encrypted; the mask is fixed by the architecture."""
+    links = {"paper": "https://arxiv.org/abs/2510.21086"}
 
     def __init__(self, freeze_rest: bool = False, keys: str = "shared-client-key") -> None:
         super().__init__(rule="max", ratio=1.0, keys=keys)

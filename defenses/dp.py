@@ -77,6 +77,7 @@ def _rng(fed, party: Party) -> np.random.Generator:
                    "N(0, (zC/W)^2) to the sum / W (server sees clipped, un-noised uploads)")
 class DPFedAvg(Defense):
     """Central user-level DP-FedAvg: client clipping, uniform average, server-side Gaussian noise."""
+    links = {"paper": "https://arxiv.org/abs/1710.06963"}
 
     local_noise: ClassVar[bool] = False
 

@@ -46,6 +46,7 @@ def round_robin_union(proposals: list[np.ndarray]) -> np.ndarray:
 
 @DEFENSES.register("maskcrypt", "MaskCrypt: per-client gradient-guided top-rho proposals, ordered union, CKKS")
 class MaskCrypt(Defense):
+    links = {"paper": "https://doi.org/10.1109/TDSC.2024.3392424", "code": "https://github.com/TL-System/plato"}
     key_topology = "shared-client-key"
 
     def __init__(self, rho: float | None = None, random_mask: bool = False, keys: str = "shared-client-key",

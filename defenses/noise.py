@@ -20,6 +20,10 @@ from bench.registry import DEFENSES
 
 @DEFENSES.register("gaussian-noise", "absolute Gaussian noise sigma on every gradient entry (DAGER's defense; no DP)")
 class GaussianNoise(Defense):
+    links = {
+        "paper": "https://arxiv.org/abs/2405.15586",
+        "code": "https://github.com/insait-institute/dager-gradient-inversion",
+    }
     key_topology = "none"
 
     def __init__(self, sigma: float = 1e-3) -> None:

@@ -7,4 +7,5 @@ from bench.registry import DEFENSES
 
 @DEFENSES.register("plaintext", "plain FedAvg, no protection (reference row)")
 class Plaintext(Defense):
+    links = {"paper": "https://arxiv.org/abs/1602.05629"}
     key_topology = "none"

@@ -29,6 +29,7 @@ SCHEME = "pairwise-mask"
                              "only the sum")
 class SecAgg(Defense):
     key_topology = "pairwise-masks"
+    links = {"paper": "https://eprint.iacr.org/2017/281"}
 
     def setup(self, fed) -> None:
         publics = {}

@@ -72,6 +72,8 @@ class SelectiveHE(Defense):
 
 @DEFENSES.register("fedhe-full", "FedHE-Full: every parameter encrypted with CKKS; the server view is empty")
 class FedHEFull(SelectiveHE):
+    links = {"paper": "https://arxiv.org/abs/2303.10837", "code": "https://github.com/FedML-AI/FedML"}
+
     def __init__(self, keys: str = "shared-client-key") -> None:
         super().__init__(rule="max", ratio=1.0, keys=keys)
 
@@ -87,6 +89,7 @@ class FedMLHE(SelectiveHE):
     Each client's local map is the mean over its first 32 samples (scores.label_sensitivity's cap),
     not over all its data: one backward pass per sample is the cost, and the paper does not fix the
     sample count. A client's later samples do not shape the mask."""
+    links = {"paper": "https://arxiv.org/abs/2303.10837", "code": "https://github.com/FedML-AI/FedML"}
 
     def __init__(self, ratio: float = 0.10, keys: str = "shared-client-key") -> None:
         super().__init__(rule="max", ratio=ratio, score="label-sensitivity", keys=keys)

@@ -64,6 +64,7 @@ def normalized_fisher(grads: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 @DEFENSES.register("selectiveshield", "SelectiveShield: Fisher masks, consensus-encrypted zone (CKKS, key server), "
                    "personalized zone kept local, DP-noised rest")
 class SelectiveShield(Defense):
+    links = {"paper": "https://arxiv.org/abs/2508.04265"}
     decodes_weighted_sum = False   # per-entry mean over the uploads that sent it, times server_lr (eqs. 23-26)
     key_topology = "key-server"
 

@@ -14,7 +14,9 @@ A suite TOML may list figures:
     series = "pruned_fraction_by_round"   # optional: plot a per-round dict from the record's details;
                                           # x and y then only title the axes
 
-Figures are drawn from stored records only, into PNGs without metadata (deterministic).
+Figures are drawn from stored records only, into PNGs without metadata (deterministic). A figure
+with fewer than two points is not drawn; axes carry plain numbers (no offset such as "+1e2") and
+bytes in kB/MB.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def draw(spec: dict[str, Any], records: list[dict[str, Any]], path: Path) -> boo
         x, y = lookup(rec, spec["x"]), lookup(rec, spec["y"])
         if isinstance(x, (int, float)) and isinstance(y, (int, float)):
             rows.append({spec["x"]: x, spec["y"]: y, "hue": hue})
-    if not rows:
+    if len(rows) < 2:
         return False
     import matplotlib
     matplotlib.use("Agg")
@@ -65,10 +67,21 @@ def draw(spec: dict[str, Any], records: list[dict[str, Any]], path: Path) -> boo
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     sns.lineplot(data=frame, x=spec["x"], y=spec["y"], hue="hue" if spec.get("hue") else None, marker="o",
                  errorbar=None, ax=ax)
-    if spec.get("logx"):
-        ax.set_xscale("log")
-    if spec.get("logy"):
-        ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    from leaderboards.formats import tick_bytes
+    from leaderboards.schema import schema_of
+    schema = schema_of(records)
+    for which, key in (("x", spec["x"]), ("y", spec["y"])):
+        if spec.get(f"log{which}") and (frame[key] > 0).all():   # a log axis is log, or not claimed
+            (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+        else:
+            try:
+                ax.ticklabel_format(axis=which, useOffset=False, style="plain")
+            except AttributeError:   # a categorical axis has no offset to turn off
+                pass
+        if key in schema and schema[key].unit == "B":
+            (ax.xaxis if which == "x" else ax.yaxis).set_major_formatter(FuncFormatter(lambda v, _: tick_bytes(v)))
     ax.set_title(spec.get("title", f"{spec['y']} vs {spec['x']}"), fontsize=10)
     if spec.get("hue"):
         ax.legend(title=spec["hue"], fontsize=8)

@@ -2,42 +2,88 @@
 
     [[paper]]
     metric = "lnacc"             # a metric name
-    reported = 0.99              # the paper's number
+    reported = 0.99              # the paper's number, or a range [lo, hi] it gives
     source = "iLRG Table 2"      # where it is reported
     scenario = "..."             # optional filters on the stored records, as in [[figures]]
     defense = "plaintext"
     attack = "ilrg"
     where = { ratio = 0.1 }      # optional filter on metrics or parameters
+    baseline = { defense = "fedhe-full" }   # optional: compare the ratio baseline / this row instead
+    note = "..."                 # optional
 
-and the page shows reported, ours (mean over the matching stored cells) and their ratio.
+and the page shows reported, ours (mean over the matching stored cells, or the ratio of the baseline's
+mean to it: scenario and attack filters carry over to the baseline, `where` does not) and ours /
+reported (against the nearer end of a range; 1 inside it). Both numbers are written alike: the
+metric's unit and format from the records' schema, or "x" with one decimal for a ratio.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from leaderboards.figures import lookup
+from leaderboards.formats import is_number, number
+from leaderboards.schema import schema_of
 
-PAPER_KEYS = {"metric", "reported", "source", "scenario", "defense", "attack", "where", "note"}
+PAPER_KEYS = {"metric", "reported", "source", "scenario", "defense", "attack", "where", "note", "baseline"}
+IDENTITY = ("scenario", "defense", "attack")
+
+
+def _reported(value: Any) -> tuple[float, float] | None:
+    if is_number(value):
+        return float(value), float(value)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(is_number(v) for v in value) \
+            and value[0] <= value[1]:
+        return float(value[0]), float(value[1])
+    return None
 
 
 def check_paper(spec: dict[str, Any]) -> None:
     unknown = set(spec) - PAPER_KEYS
-    if unknown or "metric" not in spec or not isinstance(spec.get("reported"), (int, float)):
-        raise ValueError(f"a [[paper]] row needs metric and a numeric reported value and accepts "
-                         f"{sorted(PAPER_KEYS)}; got {sorted(spec)}")
+    base = spec.get("baseline", {})
+    if unknown or "metric" not in spec or _reported(spec.get("reported")) is None or not isinstance(base, dict) \
+            or set(base) - {*IDENTITY, "where"}:
+        raise ValueError(f"a [[paper]] row needs metric and a numeric reported value (or [lo, hi]) and accepts "
+                         f"{sorted(PAPER_KEYS)} (baseline: a table of scenario/defense/attack/where); got {sorted(spec)}")
+
+
+def _matching(spec: dict[str, Any], records: list[dict[str, Any]]) -> list[float]:
+    values = [lookup(r, spec["metric"]) for r in records if r["status"] == "ok"
+              and not any(spec.get(k) and r[k] != spec[k] for k in IDENTITY)
+              and all(lookup(r, k) == v for k, v in spec.get("where", {}).items())]
+    return [float(v) for v in values if is_number(v)]
+
+
+def _where(spec: dict[str, Any]) -> str:
+    where = ", ".join(f"{k}={spec[k]}" for k in IDENTITY if spec.get(k))
+    return (where + "".join(f", {k}={v}" for k, v in spec.get("where", {}).items())).strip(", ")
 
 
 def paper_rows(specs: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    schema = schema_of(records)
     rows = []
     for spec in specs:
-        values = [lookup(r, spec["metric"]) for r in records if r["status"] == "ok"
-                  and not any(spec.get(k) and r[k] != spec[k] for k in ("scenario", "defense", "attack"))
-                  and all(lookup(r, k) == v for k, v in spec.get("where", {}).items())]
-        values = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        lo, hi = _reported(spec["reported"]) or (float("nan"), float("nan"))
+        values = _matching(spec, records)
         ours = sum(values) / len(values) if values else None
-        where = ", ".join(f"{k}={spec[k]}" for k in ("scenario", "defense", "attack") if spec.get(k))
-        where += "".join(f", {k}={v}" for k, v in spec.get("where", {}).items())
-        rows.append({"metric": spec["metric"], "source": spec.get("source", ""), "where": where.strip(", "),
-                     "reported": spec["reported"], "ours": ours, "cells": len(values), "note": spec.get("note", ""),
-                     "ratio": ours / spec["reported"] if ours is not None and spec["reported"] else None})
+        shown = schema.get(spec["metric"])
+        title = shown.header if shown else spec["metric"]
+        base = spec.get("baseline")
+        if base is not None:
+            other = _matching({**{k: spec[k] for k in ("metric", "scenario", "attack") if k in spec}, **base}, records)
+            ours = (sum(other) / len(other)) / ours if other and ours else None
+            values = values if other else []
+            title = f"{title} ratio, {base.get('defense') or _where(base)} / {spec.get('defense') or 'this row'}"
+
+            def write(v, mark="×"):
+                return "–" if v is None else f"{v:,.1f}{mark}"
+        else:
+            def write(v, mark=""):
+                return number(v, shown.unit, shown.fmt) if shown else ("–" if v is None else f"{v:.3g}")
+        reported = write(lo) if lo == hi else f"{write(lo, '')}–{write(hi)}"
+        nearer = lo if ours is not None and ours < lo else hi
+        ratio = None if ours is None else 1.0 if lo <= ours <= hi else (ours / nearer if nearer else None)
+        rows.append({"metric": title, "source": spec.get("source", ""), "where": _where(spec),
+                     "scenario": spec.get("scenario", ""), "reported": reported, "reported_sort": lo,
+                     "ours": write(ours), "ours_sort": ours if ours is not None else "", "cells": len(values),
+                     "note": spec.get("note", ""), "ratio": ratio, "within": lo != hi and ratio == 1.0})
     return rows

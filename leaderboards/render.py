@@ -1,13 +1,16 @@
 """Leaderboard pages rendered from stored records only: index.html, plots, and the exports.
 
-Output is deterministic for given records (no timestamps, stable ordering, PNGs without
-metadata) so it can be snapshot-tested. One page per output directory, one section per suite
-(an index at the top links them), one table per scenario (leaderboards/tables.py), its plots
-(leaderboards/plots.py), reconstructions (ground truth next to reconstruction; recovered text
-next to its reference), notes as Markdown, declared figures and a paper-vs-ours table.
+Output is deterministic for given records and arguments (no clock is read here: a generation date
+is passed in, stable ordering, PNGs without metadata) so it can be snapshot-tested. One page per
+output directory, one section per suite: a header with the way back to the front page (when the
+page is part of a site), downloads, generation date and the code that computed the records; a table
+of contents; one table per scenario (leaderboards/tables.py) with its plots (leaderboards/plots.py)
+and, collapsed, its reconstructions (thumbnails; recovered text beside its reference,
+leaderboards/texts.py); the paper-vs-ours table, declared figures and the suite's notes.
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +18,17 @@ import jinja2
 
 from leaderboards.export import write_exports
 from leaderboards.figures import draw
+from leaderboards.formats import human_bytes, human_seconds
 from leaderboards.paper import paper_rows
 from leaderboards.plots import scenario_plots
 from leaderboards.schema import described, schema_of
 from leaderboards.tables import attack_label, clear_not_attacked, defense_label, scenario_table
+from leaderboards.texts import recovered_texts
+from leaderboards.verdicts import BANDS, LEVELS
 
 TEMPLATES = Path(__file__).parent / "templates"
+CONFIG_SUMMARY = ("dataset", "model", "num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
+                  "attack_batch_size", "attack_repeats", "pretrain_epochs")
 
 
 def markdown(text: str) -> str:
@@ -32,6 +40,11 @@ def cell_name(rec: dict[str, Any]) -> str:
     return f"{rec['scenario']}/{defense_label(rec)}/{attack_label(rec)}"
 
 
+def anchor(suite: str, scenario: str) -> str:
+    """The id of a scenario's section on its suite's page (the front page links to it)."""
+    return f"{suite}--{scenario}"
+
+
 def reconstructions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Stored thumbnails and recovered texts of the scenario's cells."""
     out = []
@@ -39,16 +52,24 @@ def reconstructions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if rec["status"] != "ok":
             continue
         thumb = rec["details"].get("thumbnail")
-        texts = rec["details"].get("texts")
+        texts = recovered_texts(rec["details"].get("texts") or [])
         if thumb or texts:
-            pairs = []
-            for t in texts or []:
-                refs = t.get("matched") or t.get("reference") or []
-                pairs += [{"recovered": got, "reference": ref, "same": got == ref}
-                          for got, ref in zip(t.get("recovered", []), refs)]
             out.append({"defense": defense_label(rec), "attack": attack_label(rec), "thumbnail": thumb,
-                        "texts": pairs})
+                        "texts": texts})
     return out
+
+
+def provenance(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Which package version and code fingerprint computed how many of the records."""
+    seen = Counter(((r.get("environment") or {}).get("leakbench", "?"), (r.get("environment") or {}).get(
+        "fingerprint", "?")) for r in records)
+    return [{"version": v, "fingerprint": f, "cells": n} for (v, f), n in sorted(seen.items())]
+
+
+def _config(config: dict[str, Any] | None) -> str:
+    if not config:
+        return ""
+    return " · ".join(f"{k.replace('_', ' ')} {config[k]}" for k in CONFIG_SUMMARY if config.get(k) not in (None, ""))
 
 
 def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -58,22 +79,33 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
         table = scenario_table(recs)
         config = next((r["config"]["scenario"] for r in recs if (r.get("config") or {}).get("scenario")),
                       info.get("scenarios", {}).get(scen))
-        tables.append({"scenario": scen, "config": config, **table,
-                       "plots": scenario_plots(table, recs, out, f"{suite}--{scen}"),
-                       "reconstructions": reconstructions(recs), "unattacked": clear_not_attacked(recs)})
+        recon = reconstructions(recs)
+        texts = [r["texts"] for r in recon if r["texts"]]
+        tables.append({"scenario": scen, "id": anchor(suite, scen), "config": config, "summary": _config(config),
+                       **table, "plots": scenario_plots(table, recs, out, f"{suite}--{scen}"),
+                       "reconstructions": recon, "unattacked": clear_not_attacked(recs),
+                       "text_summary": (f"{sum(t['exact'] for t in texts)}/{sum(t['total'] for t in texts)} "
+                                        "sentences exact") if texts else "",
+                       "thumbs": sum(1 for r in recon if r["thumbnail"])})
     figures = []
     for i, spec in enumerate(info.get("figures", [])):
         name = f"plots/{suite}--figure{i}.png"
         if draw(spec, records, out / name):
             figures.append({"path": name, "title": spec.get("title", f"{spec['y']} vs {spec['x']}")})
     failures = [{"label": cell_name(r), "reason": r["reason"]} for r in records if r["status"] == "failed"]
+    paper = paper_rows(info.get("paper", []), records)
+    for row in paper:
+        row["href"] = f"#{anchor(suite, row['scenario'])}" if row["scenario"] else ""
     return {"name": suite, "tables": tables, "failures": failures, "description": info.get("description", ""),
-            "notes": markdown(info.get("notes", "")), "figures": figures,
-            "paper": paper_rows(info.get("paper", []), records)}
+            "notes": markdown(info.get("notes", "")), "figures": figures, "paper": paper,
+            "paper_notes": any(p["note"] for p in paper), "provenance": provenance(records),
+            "counts": Counter(r["status"] for r in records)}
 
 
-def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_dir: str | Path) -> Path:
-    """Write the exports, plots and index.html of these records into out_dir."""
+def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_dir: str | Path,
+           home: str | None = None, generated: str | None = None) -> Path:
+    """Write the exports, plots and index.html of these records into out_dir. `home` is the front page's
+    address relative to out_dir (a site's pages link back to it); `generated` the date to print."""
     records = described(records)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,10 +115,16 @@ def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_
     suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out)
               for s in dict.fromkeys(r["suite"] for r in records)]
     title = "LeakBench · " + (suites[0]["name"] if len(suites) == 1 else "leaderboard")
-    html = _env().get_template("index.html.j2").render(suites=suites, title=title,
-                                                        schema=list(schema_of(records).values()))
+    html = env().get_template("index.html.j2").render(
+        suites=suites, title=title, schema=list(schema_of(records).values()), home=home, generated=generated,
+        provenance=provenance(records), bands=band_rows(), levels=LEVELS)
     (out / "index.html").write_text(html)
     return out / "index.html"
+
+
+def band_rows() -> list[dict[str, Any]]:
+    """The verdict bands as a page lists them (leaderboards/verdicts.py)."""
+    return [{"metric": m, "leak": b.leak, "partial": b.partial, "words": b.words} for m, b in BANDS.items()]
 
 
 def write_outputs(store, out_dir: str | Path) -> Path:
@@ -94,11 +132,14 @@ def write_outputs(store, out_dir: str | Path) -> Path:
     return render(store.records(), {s: store.suite_info(s) for s in store.suites()}, out_dir)
 
 
-def _env() -> jinja2.Environment:
+def env() -> jinja2.Environment:
     def fmt(value: Any, spec: str = "{:.3g}") -> str:
         return "–" if value is None else spec.format(value)
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
-                             lstrip_blocks=True)
-    env.filters["num"] = fmt
-    return env
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
+                                     lstrip_blocks=True)
+    environment.filters["num"] = fmt
+    environment.filters["bytes"] = human_bytes
+    environment.filters["seconds"] = human_seconds
+    return environment
+

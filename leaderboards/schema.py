@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from leaderboards.formats import number
+
 
 @dataclass(frozen=True)
 class Shown:
@@ -30,11 +32,14 @@ class Shown:
         return "" if self.lower_is_better is None else ("↓" if self.lower_is_better else "↑")
 
     def format(self, value: Any) -> str:
-        if value is None:
-            return "–"
-        if isinstance(value, str):
-            return value
-        return self.fmt.format(value)
+        """The value as a page writes it: bytes as kB/MB, seconds as s/ms, else the schema's format."""
+        return number(value, self.unit, self.fmt)
+
+    @property
+    def header(self) -> str:
+        """The column header: the display title, words spaced, a unit the cells carry not repeated."""
+        text = (self.title or self.name).replace("_", " ")
+        return text[:-2] + " time" if self.unit == "s" and text.endswith(" s") else text
 
 
 def described(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

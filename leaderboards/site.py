@@ -1,7 +1,9 @@
 """The committed leaderboards as one site: each suite directory re-rendered from its stored
-results (nothing is rerun) and a landing page linking them.
+results (nothing is rerun) and a front page that is the leaderboard: every defense across every
+suite, the worst case per attack family with its verdict band, utility and HE cost, each cell
+linking to the suite and scenario it comes from (leaderboards/overview.py), then the suite list.
 
-    leakbench site leaderboards/results
+    leakbench site leaderboards/results [--date YYYY-MM-DD]
 
 A suite's page info comes from its current definition when the caller passes one (the CLI: the
 built-in suite's TOML, so corrected notes reach the page), else from the directory's pages.json.
@@ -13,7 +15,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from leaderboards.export import load_records
-from leaderboards.render import _env, render
+from leaderboards.overview import overview
+from leaderboards.render import band_rows, env, provenance, render
+from leaderboards.schema import described
 
 Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info, None when it has none
 
@@ -27,28 +31,32 @@ def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[
     return json.loads(stored.read_text()).get(suite, {}) if stored.is_file() else {}
 
 
-def rerender(directory: str | Path, current: Info | None = None) -> dict[str, Any]:
-    """Re-render one output directory from its results.json; a summary for the landing page."""
+def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None) -> dict[str, Any]:
+    """Re-render one output directory from its results.json; a summary for the front page."""
     directory = Path(directory)
     records = load_records(directory)
     suites = list(dict.fromkeys(r["suite"] for r in records))
     infos = {s: page_info(s, directory, current) for s in suites}
-    render(records, infos, directory)
+    render(records, infos, directory, home="../index.html", generated=generated)
     counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "blocked", "diverged", "failed")}
     info = infos[suites[0]] if suites else {}
     return {"name": directory.name, "href": f"{directory.name}/index.html", "suites": suites,
-            "description": info.get("description", ""), "cells": len(records),
-            "scenarios": len({r["scenario"] for r in records}), **counts}
+            "description": info.get("description", ""), "cells": len(records), "records": described(records),
+            "paper": bool(info.get("paper")), "scenarios": len({r["scenario"] for r in records}), **counts}
 
 
-def build_site(root: str | Path, current: Info | None = None) -> Path:
-    """Re-render every suite directory under root and write root/index.html linking them; `current` gives a
-    suite's page info as its definition has it now (the CLI passes the built-in suites')."""
+def build_site(root: str | Path, current: Info | None = None, generated: str | None = None) -> Path:
+    """Re-render every suite directory under root and write root/index.html, the front page; `current` gives a
+    suite's page info as its definition has it now (the CLI passes the built-in suites'); `generated` is the
+    date the pages print."""
     root = Path(root)
     dirs = sorted(d for d in root.iterdir() if (d / "results.json").is_file())
     if not dirs:
         raise FileNotFoundError(f"no suite directories with results.json under {root}")
-    entries = [rerender(d, current) for d in dirs]
-    html = _env().get_template("site.html.j2").render(entries=entries)
+    entries = [rerender(d, current, generated) for d in dirs]
+    board = overview(entries)
+    html = env().get_template("site.html.j2").render(
+        entries=entries, board=board, generated=generated, bands=band_rows(),
+        provenance=provenance([r for e in entries for r in e["records"]]))
     (root / "index.html").write_text(html)
     return root / "index.html"

@@ -1,7 +1,9 @@
 """One scenario's leaderboard table, built from stored records only (no rendering here).
 
-Layout, left to right: the defense (a sticky column on the page), its key topology, the
-strongest-attack columns, each attack's own columns, then the run-level columns.
+Layout, left to right: rank, the defense (both pinned on the page), its verdict band
+(leaderboards/verdicts.py: what the worst case means on its own) and key topology, then the metric
+columns in tabs: "overview" (each family's two headline strongest-attack metrics and utility), "worst
+case" (every strongest-attack metric), one tab per attack, run-level privacy, utility, cost, and all.
 
 - Strongest attack (RobustBench's AutoAttack idea): for every privacy metric an attack reports,
   the worst case for the defended client over every attack that ran on that defense. Reference
@@ -9,24 +11,31 @@ strongest-attack columns, each attack's own columns, then the run-level columns.
   when every attack of the families that report the metric was blocked on that defense; one that
   ran, failed or reported no number keeps the cell from reading as protected. The first strongest
   column is the ranking key (rank 1 = least leakage; blocked ranks best, failed and missing last).
-- A blocked, diverged or failed attack is one merged cell carrying its reason. A diverged group
-  (training became non-finite) is no protection and no error: its privacy cells say "diverged",
-  its utility columns hold the last finite global model's, and `diverged_round` says when.
-- Attack-level metrics show mean +- std over the attacked uploads (attack_repeats); metrics
-  that are a property of the run or of the view (accuracy, epsilon, costs, kde_mi) show once per defense.
+  A rank is relative to this table; the verdict band is not.
+- A blocked, diverged or failed attack is one merged cell; its reason is a footnote, said once per
+  table. A diverged group (training became non-finite) is no protection and no error: its privacy
+  cells say "diverged", its utility columns hold the last finite global model's.
+- Attack-level metrics show mean +- std over the attacked uploads (attack_repeats) and a stored 95%
+  interval where the metric keeps one (membership AUROC's bootstrap); metrics that are a property
+  of the run or of the view (accuracy, epsilon, costs, kde_mi) show once per defense. A column no row
+  has a number in (a metric unavailable everywhere) is left out and its reason stated once.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from leaderboards import cells as C
+from leaderboards.formats import SELF_UNITS, is_number
 from leaderboards.schema import family, schema_of
+from leaderboards.verdicts import BLOCKED, NONE, Verdict, band, worst
 
 FAMILY_ORDER = ("image", "text", "membership", "label", "")   # order of the strongest columns
-HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "rouge2", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "lnacc",
+HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "exact_match", "rouge2", "mia_auroc", "mia_tpr_at_1fpr", "lnacc",
             "leacc", "label_acc")   # within a family, the headline metrics first (the first column ranks)
-LEAD = 4   # defense, rank, key topology, colluders: the columns before the metric columns
+LEAD = 4   # rank, defense, verdict, key topology: the columns before the metric columns
+OVERVIEW = 2   # worst-case metrics per attack family on the overview tab (the headline ones, HEADLINE order)
+RUN_TABS = (("privacy", "runpriv", "run-level privacy"), ("utility", "utility", "utility"), ("cost", "cost", "cost"))
 
 
 def defense_label(rec: dict[str, Any]) -> str:
@@ -43,20 +52,32 @@ def _label(name: str, params: dict[str, Any], scenario: str) -> str:
     return name + ("(" + ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) + ")" if shown else "")
 
 
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def sources(rec: dict[str, Any], who: str) -> dict[str, str]:
+    """The defense's or attack's description and paper/code links as the record stored them."""
+    return dict(rec.get("details", {}).get("sources", {}).get(who, {}))
 
 
 @dataclass
 class Column:
     key: str                  # metric name
-    group: str                # "strongest", an attack label, or "run"
+    group: str                # "strongest", an attack label, or a run group
     header: str               # display name
     unit: str
     arrow: str
     lower_is_better: bool | None
     description: str = ""
+    fmt: str = "{:.3f}"
     index: int = 0            # position among the table's columns (what the page's sorter uses)
+    tabs: str = ""            # the tabs that show this column
+
+    @property
+    def direction(self) -> str:
+        """The first click sorts best-first: descending when higher is better for the client."""
+        return "desc" if self.lower_is_better is False else "asc"
+
+    @property
+    def shown_unit(self) -> str:
+        return "" if self.unit in SELF_UNITS else self.unit
 
 
 @dataclass
@@ -65,11 +86,14 @@ class Group:
     title: str
     family: str = ""
     columns: list[Column] = field(default_factory=list)
+    tabs: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+    kind: str = "attack"      # "strongest", "attack" or "run"
+    tab_title: str = ""
 
 
 def _column(m, group: str) -> Column:
-    return Column(m.name, group, m.title, m.unit, m.arrow, m.lower_is_better,
-                  m.description)
+    return Column(m.name, group, m.header, m.unit, m.arrow, m.lower_is_better, m.description, m.fmt)
 
 
 def _attack_level(m) -> bool:
@@ -77,115 +101,125 @@ def _attack_level(m) -> bool:
     return (m.per_target and m.kind == "privacy") if level is None else level
 
 
-def worst(values: list[tuple[float, str]], lower_is_better: bool | None) -> tuple[float, str]:
-    """The value most favourable to the attacker: max when lower is better for the client, else min."""
-    pick = min if lower_is_better is False else max
-    return pick(values, key=lambda v: v[0])
-
-
 def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
     schema = schema_of(records)
     attacks = list(dict.fromkeys(attack_label(r) for r in records))
-    families = {a: family(next(r for r in records if attack_label(r) == a)) for a in attacks}
+    first = {a: next(r for r in records if attack_label(r) == a) for a in attacks}
+    families = {a: family(first[a]) for a in attacks}
+    notes, dropped = C.Notes(), {}
     groups: list[Group] = []
-    reported: dict[str, set[str]] = {}  # metric -> families of the (non-reference) attacks reporting it
-    for att in attacks:
-        present = {k for r in records if attack_label(r) == att for k, v in r["metrics"].items()}
-        cols = [_column(m, att) for name, m in schema.items() if name in present and _attack_level(m)]
-        if not cols:  # nothing reported (every cell failed or blocked): a status column keeps the reasons visible
+    reported: dict[str, set[str]] = {}   # metric -> families of the (non-reference) attacks reporting it
+    for i, att in enumerate(attacks):
+        mine = [r for r in records if attack_label(r) == att]
+        present = {k for r in mine for k in r["metrics"]}
+        cols = []
+        for name, m in schema.items():
+            if name not in present or not _attack_level(m):
+                continue
+            if not any(is_number(r["metrics"].get(name)) for r in mine):   # unavailable everywhere: said once
+                why = next((r["metrics"][name] for r in mine if isinstance(r["metrics"].get(name), str)), None)
+                if why:
+                    dropped.setdefault(f"{m.title or name}: {why}", []).append(att)
+                    continue
+            cols.append(_column(m, att))
+        if not cols:   # nothing reported (every cell failed or blocked): a status column keeps the reasons visible
             cols = [Column("status", att, "status", "", "", None, "the cell's status")]
-        groups.append(Group(att, att, families[att], cols))
+        groups.append(Group(att, att, families[att], cols, f"a{i} all", sources(first[att], "attack"),
+                            tab_title=att))
         if families[att] != "reference":
             for c in cols:
-                if c.key in schema and schema[c.key].kind == "privacy" and any(is_number(r["metrics"].get(c.key)) for r in records
-                                           if attack_label(r) == att):
+                if c.key in schema and schema[c.key].kind == "privacy" and any(
+                        is_number(r["metrics"].get(c.key)) for r in mine):
                     reported.setdefault(c.key, set()).add(families[att])
     ordered = sorted(reported, key=lambda k: (min(FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 9
                                                   for f in reported[k]),
                                               HEADLINE.index(k) if k in HEADLINE else len(HEADLINE),
                                               list(schema).index(k)))
+    def primary(k):
+        return min(FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 9 for f in reported[k])
+
+    # the overview keeps each family's first OVERVIEW worst-case metrics; the rest sit in "worst case"
+    head = [k for k in ordered if [m for m in ordered if primary(m) == primary(k)].index(k) < OVERVIEW]
     strongest = Group("strongest", "strongest attack (worst case over attacks)", "",
-                      [_column(schema[k], "strongest") for k in ordered])
+                      [_column(schema[k], "strongest") for k in head], "overview worst all", kind="strongest")
+    more = Group("strongest-more", "strongest attack, more metrics", "",
+                 [_column(schema[k], "strongest") for k in ordered if k not in head], "worst all", kind="strongest")
     present = {k for r in records for k in r["metrics"]}
-    run_cols = [_column(m, "run") for kind in ("privacy", "utility", "cost") for name, m in schema.items()
+    run_groups = []
+    for kind, tab, title in RUN_TABS:
+        cols = [_column(m, tab) for name, m in schema.items()
                 if m.kind == kind and name in present and not _attack_level(m)]
-    all_groups = ([strongest] if strongest.columns else []) + groups + ([Group("run", "run (once per defense)", "",
-                                                                              run_cols)] if run_cols else [])
+        if cols:
+            tabs = f"{tab} all" + (" overview" if kind == "utility" else "")
+            run_groups.append(Group(tab, title, "", cols, tabs, kind="run", tab_title=title))
+    all_groups = [g for g in (strongest, more) if g.columns] + groups + run_groups
     index = LEAD
     for g in all_groups:
         for c in g.columns:
-            c.index = index
+            c.index, c.tabs = index, g.tabs
             index += 1
-    rows = [_row(dlabel, [r for r in records if defense_label(r) == dlabel], all_groups, reported, families, schema)
-            for dlabel in dict.fromkeys(defense_label(r) for r in records)]
+    rows = [_row(d, [r for r in records if defense_label(r) == d], all_groups, reported, families, schema, notes)
+            for d in dict.fromkeys(defense_label(r) for r in records)]
     _rank(rows, strongest.columns[0] if strongest.columns else None)
-    return {"groups": all_groups, "rows": rows, "rank_key": strongest.columns[0].header if strongest.columns else ""}
+    if sum(families[a] != "reference" for a in attacks) < 2:   # one attack: "by" would repeat its name in every cell
+        for row in rows:
+            for cell in row["cells"]:
+                cell.pop("by", None)
+    tabs = [("overview", "overview")] if any("overview" in g.tabs.split() for g in all_groups) else []
+    tabs += [("worst", "worst case, every metric")] if more.columns else []
+    tabs += [(g.tabs.split()[0], g.tab_title) for g in groups + run_groups] + [("all", "all columns")]
+    return {"groups": all_groups, "rows": rows, "rank_key": strongest.columns[0].header if strongest.columns else "",
+            "tabs": tabs, "default_tab": tabs[0][0], "notes": notes.items(),
+            "dropped": [{"text": t, "attacks": a} for t, a in dropped.items()]}
 
 
-def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported, families, schema) -> dict[str, Any]:
+def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported, families, schema,
+         notes: C.Notes) -> dict[str, Any]:
     by_attack = {attack_label(r): r for r in mine}
     run = next((r for r in mine if r["status"] == "ok"), next((r for r in mine if r["metrics"]), mine[0]))
     cells: list[dict[str, Any]] = []
+    judged: list = []   # the verdict bands of every strongest-column value of every attack that ran
     for g in groups:
-        if g.name == "strongest":
-            cells += [_strongest(c, mine, reported.get(c.key, set()), families, schema) for c in g.columns]
-        elif g.name == "run":
-            cells += [_value(run["metrics"].get(c.key), schema[c.key], None) for c in g.columns]
+        if g.kind == "strongest":
+            mine_cells = []
+            for c in g.columns:
+                relevant = [r for r in mine if families.get(attack_label(r)) in reported.get(c.key, set())]
+                mine_cells.append(C.strongest_cell(c, schema[c.key], relevant, attack_label, notes))
+                judged += [band(c.key, r["metrics"].get(c.key), c.lower_is_better, r["details"])
+                           for r in relevant if r["status"] == "ok"]
+        elif g.kind == "run":
+            mine_cells = [C.run_cell(run["metrics"].get(c.key), schema[c.key], notes) for c in g.columns]
+        elif (rec := by_attack.get(g.name)) is None:
+            mine_cells = [{"text": "not run", "sort": "", "cls": "na", "span": len(g.columns)}]
+        elif rec["status"] != "ok":
+            mine_cells = [C.status_cell(rec["status"], rec["reason"], len(g.columns), notes)]
         else:
-            rec = by_attack.get(g.name)
-            if rec is None:
-                cells.append({"text": "not run", "sort": "", "cls": "na", "span": len(g.columns)})
-            elif rec["status"] != "ok":
-                cells.append({"text": rec["reason"] or rec["status"], "sort": "", "cls": rec["status"],
-                              "span": len(g.columns)})
-            else:
-                cells += [{"text": "ok", "sort": "", "cls": "", "span": 1} if c.key == "status" else
-                          _value(rec["metrics"].get(c.key), schema[c.key],
-                                 rec["details"].get("per_target", {}).get(c.key)) for c in g.columns]
-    return {"defense": dlabel, "topology": run["details"].get("key_topology", ""),
-            "colluders": run["details"].get("decrypts_single_upload", ""), "cells": cells, "records": mine}
+            mine_cells = [{"text": "ok", "sort": "", "cls": "", "span": 1} if c.key == "status" else
+                          C.value_cell(rec["metrics"].get(c.key), schema[c.key], rec, notes, c.key)
+                          for c in g.columns]
+        cells += [{**cell, "tabs": g.tabs, "strongest": g.kind == "strongest"} for cell in mine_cells]
+    name = mine[0]["defense"]
+    return {"defense": dlabel, "name": name, "params": dlabel[len(name):], "sources": sources(mine[0], "defense"),
+            "topology": run["details"].get("key_topology", ""),
+            "colluders": run["details"].get("decrypts_single_upload", ""), "cells": cells, "records": mine,
+            "verdict": _verdict([c for c in cells if c["strongest"]], judged)}
 
 
-def _value(value: Any, metric, repeats: list | None) -> dict[str, Any]:
-    text = metric.format(value)
-    if is_number(value) and repeats and len(repeats) > 1 and all(is_number(v) for v in repeats):
-        text += " ± " + metric.format(statistics.pstdev(repeats))
-    cell = {"text": text, "sort": value if is_number(value) else "", "cls": "na" if isinstance(value, str) else "",
-            "span": 1}
-    flag = getattr(metric, "flag_above", None)
-    if flag is not None and is_number(value) and value > flag:
-        cell.update(cls="flagged", title=f"above {flag}: {metric.description}")
-    return cell
-
-
-def _strongest(col: Column, mine: list[dict[str, Any]], fams: set[str], families, schema) -> dict[str, Any]:
-    relevant = [r for r in mine if families.get(attack_label(r)) in fams]
-    values = [(r["metrics"][col.key], attack_label(r)) for r in relevant
-              if r["status"] == "ok" and is_number(r["metrics"].get(col.key))]
-    if values:
-        value, by = worst(values, col.lower_is_better)
-        cell = _value(value, schema[col.key], None)
-        return {**cell, "by": by}
-    if any(r["status"] == "ok" for r in relevant):
-        text = next((r["metrics"][col.key] for r in relevant if isinstance(r["metrics"].get(col.key), str)),
-                    "ran, no value")
-        return {"text": text, "sort": "", "cls": "na", "span": 1}
-    if any(r["status"] == "diverged" for r in relevant):   # the defense's cost, shown in the utility columns
-        return {"text": "diverged", "sort": "", "cls": "diverged", "span": 1,
-                "title": next(r["reason"] for r in relevant if r["status"] == "diverged")}
-    if any(r["status"] == "failed" for r in relevant):
-        return {"text": "failed", "sort": "", "cls": "failed", "span": 1}
-    if relevant:  # every attack of these families was blocked by design: protection
-        floor = -1e300 if col.lower_is_better is not False else 1e300
-        reasons = "; ".join(sorted({r["reason"] for r in relevant}))
-        return {"text": "blocked", "sort": floor, "cls": "blocked", "span": 1, "title": reasons}
-    return {"text": "not run", "sort": "", "cls": "na", "span": 1}
+def _verdict(strongest: list[dict[str, Any]], judged: list) -> Verdict:
+    """The row's absolute band (leaderboards/verdicts.py): the most severe over every value of the strongest
+    columns' metrics that an attack measured on it; blocked when every such attack was blocked by design."""
+    if strongest and all(cell["cls"] == "blocked" for cell in strongest):
+        return BLOCKED
+    verdict = worst(judged)
+    if verdict is NONE and any(cell["cls"] == "diverged" for cell in strongest):
+        return Verdict("", "diverged", "training became non-finite: no attack result to judge")
+    return verdict
 
 
 def _rank(rows: list[dict[str, Any]], key: Column | None) -> None:
     """Order rows by the ranking key (least leakage first) and number them; ties share a rank."""
     if key is None:
-        for i, row in enumerate(rows, 1):
+        for row in rows:
             row["rank"] = ""
         return
     sign = -1 if key.lower_is_better is False else 1

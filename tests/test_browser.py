@@ -1,34 +1,96 @@
-"""A rendered multi-table page in a real browser (headless Chromium via selenium): clicking a header sorts
-its own table, in the second and third table too, and the page is not blank at 1400 px."""
+"""Rendered pages in a real browser (headless Chromium via selenium, 1400 px wide), walked whole: every
+sortable header sorts its own table best-first on the first click (by the column's direction), the page body
+never scrolls sideways (wide tables scroll inside their containers), every link and image resolves, and the
+console stays free of errors. Two walks: a small site rendered here from hand-built records, and every committed
+page under leaderboards/results (about ten seconds, so both run by default and in CI)."""
+import base64
+import io
+import re
 import shutil
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 
 from bench.registry import ATTACKS, METRICS
-from leaderboards.render import render
+from leaderboards.site import build_site
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "leaderboards" / "results"
+
+SORT_CHECK = """
+var failures = [];
+document.querySelectorAll("table.sortable").forEach(function (table, t) {
+  table.querySelectorAll("thead th.sortable").forEach(function (th) {
+    delete th.dataset.sorted;
+    th.click();
+    var col = parseInt(th.dataset.col, 10), dir = th.dataset.dir || "asc", seen = [], kinds = [];
+    Array.from(table.tBodies[0].rows).forEach(function (row) {
+      var key = leakbenchKey(leakbenchCell(row, col));
+      kinds.push(key[0]);
+      if (key[0] === 0) seen.push(key[1]);
+    });
+    for (var i = 1; i < kinds.length; i++) if (kinds[i] < kinds[i - 1]) {
+      failures.push("table " + t + " '" + th.textContent.trim() + "': numbers after text or blanks"); break; }
+    for (var j = 1; j < seen.length; j++) {
+      if (dir === "asc" ? seen[j] < seen[j - 1] : seen[j] > seen[j - 1]) {
+        failures.push("table " + t + " '" + th.textContent.trim() + "' (" + dir + "): " + seen.join(",")); break; }
+    }
+    if (th.dataset.sorted !== dir) failures.push("table " + t + " '" + th.textContent.trim() + "' first click " +
+                                                  th.dataset.sorted + ", not " + dir);
+  });
+});
+return failures;
+"""
 
 
-def _record(scenario, defense, attack, status, metrics, reason=""):
-    return {"cell_id": f"{scenario}-{defense}-{attack}", "suite": "browser", "scenario": scenario,
-            "defense": defense, "defense_params": {}, "attack": attack, "attack_params": {}, "status": status,
-            "reason": reason, "metrics": metrics,
-            "details": {"key_topology": "shared client key", "family": ATTACKS.get(attack).family,
-                        "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics}}}
+def _record(suite, scenario, defense, attack, status, metrics, reason="", details=None, params=None):
+    return {"cell_id": f"{suite}-{scenario}-{defense}-{attack}-{params}", "suite": suite, "scenario": scenario,
+            "defense": defense, "defense_params": params or {}, "attack": attack, "attack_params": {},
+            "status": status, "reason": reason, "metrics": metrics,
+            "environment": {"leakbench": "0.1.0", "fingerprint": "0123456789abcdef"},
+            "details": {"key_topology": "shared-client-key" if defense != "plaintext" else "none",
+                        "family": ATTACKS.get(attack).family,
+                        "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics},
+                        "sources": {"defense": {"about": f"{defense}, a test row", "paper": "https://example.org/p"},
+                                    "attack": {"about": attack, "code": "https://example.org/c"}},
+                        **(details or {})}}
 
 
-def _records():
-    out = []
+def small_site(root: Path) -> Path:
+    """Two suites: images and labels over three scenarios; text and membership over one."""
+    recs = []
     for s, scenario in enumerate(("first", "second", "third")):
         for d in range(5):
-            defense = f"def{d}"
-            acc = {"accuracy": round(0.5 + 0.1 * ((d * 3 + s) % 5), 3), "upload_bytes": 1000.0 * (d + 1)}
+            defense = "plaintext" if d == 0 else "selective"
+            params = {} if d == 0 else {"ratio": 0.1 * d, "freeze_rest": False}
+            run = {"accuracy": round(0.5 + 0.1 * ((d * 3 + s) % 5), 3), "upload_bytes": 1000.0 * (d + 1),
+                   "he_encrypt_s": 0.001 * d}
             if d == 4:
-                out.append(_record(scenario, defense, "idlg", "blocked", acc, "blocked by design: empty view"))
+                recs.append(_record("vision", scenario, defense, "idlg", "blocked", run, "blocked by design: empty view",
+                                    params=params))
             else:
-                out.append(_record(scenario, defense, "idlg", "ok",
-                                   {**acc, "psnr": 10.0 + ((d * 7 + s * 3) % 5), "label_acc": 1.0}))
-            out.append(_record(scenario, defense, "ilrg", "ok", {**acc, "lnacc": round(0.2 * ((d * 2 + s) % 5), 3)}))
-    return out
+                recs.append(_record("vision", scenario, defense, "idlg", "ok",
+                                    {**run, "psnr": 10.0 + ((d * 7 + s * 3) % 5) * 10, "label_acc": 1.0},
+                                    details={"per_target": {"psnr": [9.0, 11.0]}}, params=params))
+            recs.append(_record("vision", scenario, defense, "ilrg", "ok", {**run, "lnacc": round(0.2 * ((d * 2 + s) % 5), 3)},
+                                params=params))
+    texts = [{"reference": ["a b c", "d e f"], "recovered": ["d e f", "a b c"], "matched": ["a b c", "d e f"]}]
+    scores = {"scores": [0.1 * i for i in range(40)], "labels": [i % 2 for i in range(40)], "n_nonmembers": 20,
+              "mia_auroc_ci95": [0.4, 0.7]}
+    for d, defense in enumerate(("plaintext", "fedhe-full")):
+        run = {"accuracy": 0.8 - 0.1 * d, "upload_bytes": 5e6 * (d + 1)}
+        recs.append(_record("words", "lm", defense, "dager", "ok", {**run, "rouge1": 1.0 - d / 2, "exact_match": 1.0},
+                            details={"texts": texts}))
+        recs.append(_record("words", "lm", defense, "mia-loss", "ok",
+                            {**run, "mia_auroc": 0.55, "mia_tpr_at_0.1fpr": "unavailable: needs >= 1000 non-members"},
+                            details=scores))
+    from leaderboards.render import render
+    for suite in ("vision", "words"):
+        render([r for r in recs if r["suite"] == suite], {suite: {"description": f"the {suite} suite", "paper": [
+            {"metric": "accuracy", "reported": 0.9, "source": "a table", "scenario": "lm" if suite == "words" else "first"}]}},
+            root / suite)
+    return build_site(root, generated="2026-01-01")
 
 
 def _driver(tmp_path):
@@ -44,41 +106,110 @@ def _driver(tmp_path):
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
-def _column_values(table, col):
-    return table.parent.execute_script(
-        "var t = arguments[0], col = arguments[1];"
-        "return Array.from(t.tBodies[0].rows).map(function (r) {"
-        "  var c = leakbenchCell(r, col); return c ? c.dataset.sort : null; });", table, col)
+def _ids(page: Path) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', page.read_text()))
 
 
-def test_sorting_works_in_every_table_and_the_page_is_not_blank(tmp_path):
-    pytest.importorskip("selenium")
-    page = render(_records(), {"browser": {"description": "three scenarios"}}, tmp_path / "site")
+def _check_links_and_images(page: Path, hrefs: list[str], srcs: list[str]) -> list[str]:
+    from PIL import Image
+
+    bad = []
+    for href in hrefs:
+        url = urlparse(href)
+        if url.scheme in ("http", "https"):
+            if not url.netloc:
+                bad.append(f"{page}: malformed link {href}")
+            continue
+        if url.scheme not in ("", "file"):
+            bad.append(f"{page}: unexpected link {href}")
+            continue
+        target = page if not url.path else (page.parent / unquote(url.path)).resolve()
+        if not target.is_file():
+            bad.append(f"{page}: link {href} has no file")
+        elif url.fragment and target.suffix == ".html" and unquote(url.fragment) not in _ids(target):
+            bad.append(f"{page}: link {href} has no element #{url.fragment}")
+    for src in srcs:
+        try:
+            if src.startswith("data:image/"):
+                Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).verify()
+            else:
+                Image.open(page.parent / unquote(urlparse(src).path)).verify()
+        except Exception as err:   # any unreadable image fails the walk
+            bad.append(f"{page}: image {src[:60]} does not load: {err}")
+    return bad
+
+
+def walk(root: Path, tmp_path: Path) -> dict[str, int]:
+    """Every page under root: sorting, width, links, images, console. Returns counts of what was checked."""
+    pages = sorted(root.glob("*.html")) + sorted(root.glob("*/index.html"))
+    assert pages, f"no pages under {root}"
     browser = _driver(tmp_path)
+    problems, counted = [], {"pages": 0, "headers": 0, "links": 0, "images": 0}
     try:
-        browser.get(page.as_uri())
-        tables = browser.find_elements("css selector", "table.leaderboard")
-        assert len(tables) == 3
-        for table in tables[1:]:  # the second and the third table
-            for header_text in ("accuracy", "LnAcc"):
-                header = next(h for h in table.find_elements("css selector", "thead th.sortable")
-                              if h.text.startswith(header_text))
-                col = int(header.get_attribute("data-col"))
-                header.click()
-                values = [float(v) for v in _column_values(table, col)]
-                assert values == sorted(values), (header_text, values)
-                header.click()
-                values = [float(v) for v in _column_values(table, col)]
-                assert values == sorted(values, reverse=True), (header_text, values)
-        shot = tmp_path / "page.png"
+        for page in pages:
+            browser.get(page.resolve().as_uri())
+            width = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth];")
+            if width[0] > width[1]:
+                problems.append(f"{page}: body {width[0]} px wide in a {width[1]} px window")
+            problems += [f"{page}: {f}" for f in browser.execute_script(SORT_CHECK)]
+            hrefs = browser.execute_script("return Array.from(document.querySelectorAll('a[href]'))"
+                                           ".map(function (a) { return a.getAttribute('href'); });")
+            srcs = browser.execute_script("return Array.from(document.images).map(function (i) { "
+                                          "return i.getAttribute('src'); });")
+            problems += _check_links_and_images(page, hrefs, srcs)
+            problems += [f"{page}: console: {entry['message']}" for entry in browser.get_log("browser")
+                         if entry["level"] == "SEVERE"]
+            counted["pages"] += 1
+            counted["headers"] += browser.execute_script("return document.querySelectorAll('th.sortable').length;")
+            counted["links"] += len(hrefs)
+            counted["images"] += len(srcs)
+        shot = tmp_path / "first.png"
+        browser.get(pages[0].resolve().as_uri())
         assert browser.save_screenshot(str(shot))
     finally:
         browser.quit()
+    assert not problems, "\n".join(problems[:40])
     from PIL import Image
     image = Image.open(shot).convert("L")
     lo, hi = image.getextrema()
     assert image.size[0] >= 1300 and hi - lo > 100, "the screenshot is blank"
-    assert len(image.getcolors(1 << 16) or []) > 20
+    return counted
+
+
+def test_every_page_of_a_small_site_sorts_fits_and_resolves(tmp_path):
+    pytest.importorskip("selenium")
+    small_site(tmp_path / "site")
+    counted = walk(tmp_path / "site", tmp_path)
+    assert counted["pages"] == 3 and counted["headers"] > 40 and counted["images"] > 3
+
+
+def test_tabs_show_one_column_group_and_filters_hide_rows(tmp_path):
+    pytest.importorskip("selenium")
+    front = small_site(tmp_path / "site")
+    browser = _driver(tmp_path)
+    try:
+        browser.get((tmp_path / "site" / "vision" / "index.html").as_uri())
+        bar = browser.find_elements("css selector", ".tabs")[0]
+        table = browser.find_elements("css selector", "table.leaderboard")[0]
+        visible = [h.text for h in table.find_elements("css selector", "thead tr.cols th") if h.is_displayed()]
+        assert "PSNR (dB) ↓" in visible and "accuracy ↑" in visible and "upload bytes ↓" not in visible  # overview
+        next(b for b in bar.find_elements("css selector", "button") if b.text == "cost").click()
+        visible = [h.text for h in table.find_elements("css selector", "thead tr.cols th") if h.is_displayed()]
+        assert "upload bytes ↓" in visible and "PSNR (dB) ↓" not in visible and visible[:2] == ["rank", "defense"]
+        browser.get(front.as_uri())
+        rows = browser.find_elements("css selector", "#board tbody tr")
+        assert len(rows) == 3
+        browser.find_element("id", "filter-text").send_keys("selective")
+        assert [r.is_displayed() for r in rows].count(True) == 1
+    finally:
+        browser.quit()
+
+
+def test_every_committed_page_sorts_fits_and_resolves(tmp_path):
+    pytest.importorskip("selenium")
+    counted = walk(COMMITTED, tmp_path)
+    assert counted["pages"] == 1 + len([d for d in COMMITTED.iterdir() if (d / "results.json").is_file()])

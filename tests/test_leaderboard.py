@@ -1,13 +1,19 @@
 """The leaderboard summarizer on tiny hand-built records: strongest attack, ranking, merged blocked cells,
-mean +- std; the site re-rendered from stored results; exports, compare, paper-vs-ours."""
+mean +- std, verdict bands, recovered text paired as the metrics pair it, units, the front page across suites;
+the site re-rendered from stored results; exports, compare, paper-vs-ours."""
 import json
 
 from bench.cli import main
 from bench.registry import ATTACKS, METRICS
 from leaderboards.export import compare, load_frame
+from leaderboards.formats import human_bytes, human_seconds
+from leaderboards.overview import overview
+from leaderboards.paper import paper_rows
 from leaderboards.plots import pareto
 from leaderboards.render import render
 from leaderboards.tables import scenario_table
+from leaderboards.texts import recovered_texts
+from leaderboards.verdicts import band
 
 
 def rec(defense, attack, status="ok", reason="", scenario="s", suite="t", **metrics):
@@ -55,7 +61,8 @@ def test_strongest_is_the_worst_case_and_blocked_protects_only_without_a_same_fa
     # a blocked attack is one merged cell with its reason; run-level accuracy once per defense
     idlg = next(g for g in table["groups"] if g.name == "idlg")
     merged = [c for c in he if c.get("span", 1) > 1]
-    assert merged and merged[0]["span"] == len(idlg.columns) and "empty view" in merged[0]["text"]
+    assert merged and merged[0]["span"] == len(idlg.columns) and "empty view" in merged[0]["title"]
+    assert merged[0]["text"] == "blocked by design" and {"n": merged[0]["note"], "text": "empty view"} in table["notes"]
     assert [c.key for c in table["groups"][-1].columns] == ["accuracy"]
 
 
@@ -64,7 +71,7 @@ def test_mean_and_std_over_repeats_and_status_column_for_all_failed():
     cells = _cells(table, "plain")
     assert any(c["text"] == "0.750 ± 0.250" for c in cells)
     odd = next(g for g in table["groups"] if g.name == "odd")
-    assert [c.key for c in odd.columns] == ["status"] and any(c["text"] == "X: y" for c in cells)
+    assert [c.key for c in odd.columns] == ["status"] and any(c.get("title") == "X: y" for c in cells)
 
 
 def test_pareto_frontier():
@@ -86,6 +93,8 @@ def test_site_rerenders_from_results_and_links_every_suite(tmp_path):
     assert "<title>LeakBench · alpha</title>" in page and "<em>markdown</em>" in page
     assert "Paper vs ours" in page and "0.75" in page          # 30 / 40
     assert (tmp_path / "alpha" / "plots" / "alpha--s--privacy-vs-cost.png").exists()
+    assert 'href="../index.html"' in page and 'href="results.json"' in page and 'href="results.csv"' in page
+    assert 'href="#alpha--s"' in page and 'id="alpha--s"' in page       # table of contents
 
 
 def test_exports_load_frame_and_compare(tmp_path, capsys):
@@ -101,3 +110,88 @@ def test_exports_load_frame_and_compare(tmp_path, capsys):
         {"cell": "s/plain/idlg", "metric": "psnr", "a": 30.0, "b": 31.5, "delta": 1.5}]
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert "psnr: 30.0 -> 31.5 (+1.5)" in capsys.readouterr().out
+
+
+def test_recovered_text_is_paired_as_the_metric_pairs_it():
+    refs = ["the cat sat on the mat", "a dog barked twice", "rain fell all night"]
+    swapped = {"recovered": [refs[2], refs[0], refs[1]], "reference": refs}
+    for block in (swapped, {**swapped, "matched": list(refs)}):    # paired here (Hungarian) or as the record says
+        shown = recovered_texts([block])
+        assert shown["summary"] == "3/3 exact" and [r["status"] for r in shown["batches"][0]] == ["exact"] * 3
+        assert [r["reference"] for r in shown["batches"][0]] == refs          # the full reference, never cut
+    nothing = recovered_texts([{"recovered": ["", ""], "matched": ["", ""], "reference": refs[:2]}])
+    assert nothing["summary"] == "0/2 exact, 2 nothing recovered"
+    assert [r["status"] for r in nothing["batches"][0]] == ["none", "none"]      # never shown as a match
+    partial = recovered_texts([{"recovered": ["the cat sat"], "reference": [refs[0]]}])
+    assert partial["batches"][0][0]["status"] == "partial" and 0 < partial["batches"][0][0]["overlap"] < 1
+
+
+def test_a_swapped_exact_batch_renders_every_row_exact(tmp_path):
+    refs = ["it 's a scattershot affair .", "thanks to haynes ' absolute control ."]
+    r = rec("plain", "dager", rouge1=1.0, exact_match=1.0)
+    r["details"]["texts"] = [{"recovered": refs[::-1], "matched": refs, "reference": refs}]
+    page = render([r], {}, tmp_path).read_text()
+    assert page.count('<tr class="exact">') == 2 and 'class="partial"' not in page and "2/2 exact" in page
+    assert "<details class=\"recon\"><summary>" in page     # collapsed by default, with its one-line summary
+
+
+def test_verdict_bands_read_absolute_values():
+    assert band("psnr", 70.66, True).level == "leak" and band("ssim", 1.0, True).text == "image recovered"
+    assert band("psnr", 20.0, True).level == "partial" and band("psnr", 9.0, True).level == "resisted"
+    assert band("lpips", 0.05, False).level == "leak"                         # lower LPIPS is the attacker's side
+    assert band("mia_auroc", 0.62, True, {"mia_auroc_ci95": [0.45, 0.80]}).level == "resisted"   # CI has 0.5
+    assert band("mia_auroc", 0.2, True).level == "leak"                       # read mirrored
+    assert band("mia_tpr_at_1fpr", 0.125, True, {"n_nonmembers": 24}) is None  # TPR at 0% FPR: no opinion
+    assert band("lnacc", 0.8, True) is None and band("lnacc", 1.0, True).level == "leak"
+    assert band("kde_mi", 3.0, True) is None
+    # rank 1 of a table can still be "image recovered": the verdict is absolute
+    table = scenario_table([rec("paillier", "idlg", psnr=70.66, ssim=1.0), rec("plain", "idlg", psnr=90.0, ssim=1.0)])
+    first = table["rows"][0]
+    assert first["defense"] == "paillier" and first["rank"] == 1 and first["verdict"].level == "leak"
+
+
+def test_units_intervals_and_unavailable_columns_said_once():
+    assert human_bytes(7_554_120) == "7.55 MB" and human_bytes(114_954) == "115 kB" and human_bytes(512) == "512 B"
+    assert human_seconds(0.0108) == "10.8 ms" and human_seconds(0.0) == "0 s" and human_seconds(26.06) == "26.1 s"
+    why = "unavailable: needs >= 1000 non-members, has 256"
+    records = []
+    for d in ("plain", "dp"):
+        r = rec(d, "mia-loss", mia_auroc=[0.6, 0.7], **{"mia_tpr_at_0.1fpr": why}, upload_bytes=2e6, accuracy=0.8)
+        r["details"]["mia_auroc_ci95"] = [0.61, 0.69]
+        records.append(r)
+    table = scenario_table(records)
+    keys = [c.key for g in table["groups"] for c in g.columns]
+    assert "mia_tpr_at_0.1fpr" not in keys and table["dropped"] == [{"text": f"mia_tpr_at_0.1fpr: {why}",
+                                                                     "attacks": ["mia-loss"]}]
+    cells = _cells(table, "plain")
+    auroc = next(c for c in cells if c.get("sub"))
+    assert auroc["text"] == "0.650 ± 0.050" and auroc["sub"] == "[0.610, 0.690]"   # std and bootstrap interval
+    assert any(c["text"] == "2.00 MB" for c in cells)
+    directions = {c.key: c.direction for g in table["groups"] for c in g.columns}
+    assert directions["mia_auroc"] == "asc" and directions["accuracy"] == "desc"   # the first click: best first
+
+
+def test_front_page_has_a_column_per_family_and_links_each_worst_case():
+    vision = [rec("plain", "idlg", psnr=70.0, accuracy=0.9, suite="v", scenario="a"),
+              rec("he", "idlg", "blocked", "blocked by design: empty view", accuracy=0.85, suite="v", scenario="a"),
+              rec("plain", "ilrg", lnacc=1.0, accuracy=0.9, suite="v", scenario="a")]
+    for r in vision[:2]:
+        r["metrics"]["he_encrypt_s"] = 0.5 if r["defense"] == "he" else 0.0
+    text = [rec("plain", "dager", rouge1=1.0, exact_match=1.0, suite="t", scenario="b")]
+    board = overview([{"name": "v", "records": vision}, {"name": "t", "records": text}])
+    assert [c["family"] for c in board["columns"]] == ["image", "text", "label"]
+    assert [c["key"] for c in board["columns"]] == ["psnr", "rouge1", "lnacc"]
+    rows = {r["name"]: r for r in board["rows"]}
+    image = rows["plain"]["cells"][0]
+    assert image["verdict"].text == "image recovered" and image["href"] == "v/index.html#v--a" and image["by"] == "idlg"
+    assert rows["he"]["cells"][0]["verdict"].level == "blocked" and rows["he"]["cells"][1]["text"] == "not run"
+    assert rows["he"]["utility"]["drop"] > 0.049 and rows["he"]["he"]["seconds"] == 0.5
+
+
+def test_paper_rows_take_ranges_and_ratios_in_one_precision():
+    records = [rec("fast", "r", upload_bytes=100.0), rec("full", "r", upload_bytes=6570.0), rec("fast", "x", psnr=30.0)]
+    rows = paper_rows([{"metric": "upload_bytes", "reported": [402, 748], "defense": "fast",
+                        "baseline": {"defense": "full"}},
+                       {"metric": "psnr", "reported": 40, "defense": "fast"}], records)
+    assert rows[0]["reported"] == "402.0–748.0×" and rows[0]["ours"] == "65.7×" and abs(rows[0]["ratio"] - 65.7 / 402) < 1e-9
+    assert rows[1]["reported"] == "40.00" and rows[1]["ours"] == "30.00" and rows[1]["ratio"] == 0.75

@@ -35,6 +35,8 @@ from bench.registry import ATTACKS
 
 @ATTACKS.register("mia-loss", "LOSS membership attack (Yeom et al.): -loss on the assembled final model")
 class MIALoss(ModelMIA):
+    links = {"paper": "https://arxiv.org/abs/1709.01604"}
+
     def score(self, knowledge: Knowledge, seed: int):
         mk = knowledge.membership
         model = self.target_model(knowledge)
@@ -47,6 +49,10 @@ class MIALoss(ModelMIA):
 
 @ATTACKS.register("mia-lira", "offline LiRA (Carlini et al.): logit-scaled confidence vs K OUT shadow models")
 class MIALiRA(ModelMIA):
+    links = {
+        "paper": "https://arxiv.org/abs/2112.03570",
+        "code": "https://github.com/tensorflow/privacy/tree/master/research/mi_lira_2021",
+    }
     tasks = ("classification",)
 
     def __init__(self, shadows: int = 8, fixed_variance: bool = True, fill: str = "last") -> None:
@@ -70,6 +76,7 @@ class MIALiRA(ModelMIA):
 
 @ATTACKS.register("mia-rmia", "offline RMIA (Zarifzadeh et al.): likelihood ratio vs population samples, gamma")
 class MIARMIA(ModelMIA):
+    links = {"paper": "https://arxiv.org/abs/2312.03262", "code": "https://github.com/privacytrustlab/ml_privacy_meter"}
     tasks = ("classification",)
 
     def __init__(self, references: int = 4, gamma: float = 1.0, a: float = 0.3, population: int = 500,
@@ -107,6 +114,7 @@ class MIARMIA(ModelMIA):
 @ATTACKS.register("mia-grad-cosine", "update-based (FedMIA Grad-Cosine): cosine of a candidate's gradient "
                   "with the visible upload")
 class MIAGradCosine(Attack):
+    links = {"paper": "https://arxiv.org/abs/2402.06289", "code": "https://github.com/Liar-Mask/FedMIA"}
     family = "membership"
     needs_membership = True
 

@@ -90,6 +90,8 @@ class LMMIA(ModelMIA):
 
 @ATTACKS.register("mia-zlib", "zlib membership attack: log-likelihood over zlib-compressed bytes")
 class MIAZlib(LMMIA):
+    links = {"paper": "https://arxiv.org/abs/2012.07805", "code": "https://github.com/iamgroot42/mimir"}
+
     def score(self, knowledge, seed):
         stats = shared_stats(self, knowledge)
         sizes = np.array([len(zlib.compress(t.encode("utf-8")))
@@ -99,6 +101,8 @@ class MIAZlib(LMMIA):
 
 @ATTACKS.register("mia-lowercase", "lowercase membership attack: NLL(lowercased) / NLL(original)")
 class MIALowercase(LMMIA):
+    links = {"paper": "https://arxiv.org/abs/2012.07805", "code": "https://github.com/iamgroot42/mimir"}
+
     def score(self, knowledge, seed):
         mk = knowledge.membership
         stats = shared_stats(self, knowledge)
@@ -122,6 +126,8 @@ def lowest_k_mean(values: torch.Tensor, mask: torch.Tensor, k: float) -> np.ndar
 
 @ATTACKS.register("mia-mink", "Min-K% membership attack: mean of the lowest k token log-probs")
 class MIAMinK(LMMIA):
+    links = {"paper": "https://arxiv.org/abs/2310.16789", "code": "https://github.com/swj0419/detect-pretrain-code"}
+
     def __init__(self, k: float = 0.2, fill: str = "last") -> None:
         if not 0 < k <= 1:
             raise ValueError(f"k must be in (0, 1], got {k}")
@@ -135,6 +141,8 @@ class MIAMinK(LMMIA):
 
 @ATTACKS.register("mia-minkpp", "Min-K%++ membership attack: lowest k of the calibrated token z-scores")
 class MIAMinKPP(MIAMinK):
+    links = {"paper": "https://arxiv.org/abs/2404.02936", "code": "https://github.com/zjysteven/mink-plus-plus"}
+
     def score(self, knowledge, seed):
         stats = shared_stats(self, knowledge)
         return lowest_k_mean((stats.lp - stats.mu) / stats.sigma, stats.mask, self.k), {"k": self.k}
@@ -142,6 +150,8 @@ class MIAMinKPP(MIAMinK):
 
 @ATTACKS.register("mia-recall", "ReCaLL membership attack: LL(x | non-member prefix) / LL(x)")
 class MIARecall(LMMIA):
+    links = {"paper": "https://arxiv.org/abs/2406.15968", "code": "https://github.com/ruoyuxie/recall"}
+
     def __init__(self, shots: int = 3, fill: str = "last") -> None:
         if shots < 1:
             raise ValueError("shots must be >= 1")
@@ -194,6 +204,8 @@ def polarized_distance(lp: torch.Tensor, mask: torch.Tensor, top: float = 0.05, 
 
 @ATTACKS.register("mia-pac", "PAC membership attack: polarized distance vs seeded EDA augmentations")
 class MIAPAC(LMMIA):
+    links = {"paper": "https://arxiv.org/abs/2405.11930", "code": "https://github.com/yyy01/PAC"}
+
     def __init__(self, augmentations: int = 5, alpha: float = 0.3, fill: str = "last") -> None:
         if augmentations < 1 or not 0 < alpha < 1:
             raise ValueError("augmentations >= 1 and alpha in (0, 1) are required")

@@ -16,7 +16,13 @@ from typing import Any, Callable
 
 
 class Configurable:
-    """Subclasses declare their parameters as keyword arguments of __init__ with defaults."""
+    """Subclasses declare their parameters as keyword arguments of __init__ with defaults.
+
+    `links` names where the method comes from, each optional: {"paper": URL, "code": URL}. Every
+    record snapshots its defense's and attack's links (bench/run/cells.py), so pages link the paper
+    and the code as they were when the cell was computed."""
+
+    links: typing.ClassVar[dict[str, str]] = {}
 
     def __init__(self, **params: Any) -> None:
         self.params = params

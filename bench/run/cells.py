@@ -1,8 +1,9 @@
 """A group's cells: one federated run for a (scenario, defense), then every attack cell scored on it.
 
 Each cell becomes a record (status ok, blocked, diverged or failed, with its one-line reason),
-holding what a page needs without today's registry: the attack's family and a snapshot of the
-schema of every metric it reports (display name, unit, direction, format). A failing cell never
+holding what a page needs without today's registry: the attack's family, a snapshot of the
+schema of every metric it reports (display name, unit, direction, format), and the defense's and
+attack's one-line descriptions with their paper and code links. A failing cell never
 stops the others; the exit status reports it.
 """
 from __future__ import annotations
@@ -48,11 +49,19 @@ def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict |
     details.setdefault("key_topology", DEFENSES.get(cell.defense.name).key_topology)
     details["decrypts_single_upload"] = KEY_TOPOLOGIES[details["key_topology"]]
     details["family"] = ATTACKS.get(cell.attack.name).family
+    details["sources"] = {"defense": sources(DEFENSES, cell.defense.name), "attack": sources(ATTACKS, cell.attack.name)}
     details["metric_schema"] = {m.name: m.obj.snapshot() for m in METRICS.entries() if m.name in metrics}
     return {"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
             "defense": cell.defense.name, "defense_params": cell.defense.params, "attack": cell.attack.name,
             "attack_params": cell.attack.params, "status": status, "reason": reason, "metrics": metrics,
             "details": details, "config": cell.config(), "environment": environment()}
+
+
+def sources(registry, name: str) -> dict[str, str]:
+    """What a page says of a defense or attack: its one-line description and its paper and code links."""
+    entry = registry.entry(name)
+    links = getattr(entry.obj, "links", {}) or {}
+    return {"about": entry.description, **{k: str(v) for k, v in sorted(links.items()) if v}}
 
 
 def score_cell(cell: Cell, run) -> dict[str, Any]:

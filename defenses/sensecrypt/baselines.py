@@ -64,6 +64,7 @@ def _check(key_bits: int) -> None:
 
 @DEFENSES.register("paillier-full", "every entry Paillier-encrypted, FedAvg under HE, key server decrypts")
 class PaillierFull(_Timed, Defense):
+    links = {"paper": "https://arxiv.org/abs/2508.04100"}
     key_topology = "key-server"
 
     def __init__(self, key_bits: int = 2048) -> None:

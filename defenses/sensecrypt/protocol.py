@@ -56,6 +56,7 @@ PAPER_BC = {"grey": (1.3, 0.7), "colour": (2.0, 0.5)}
 @DEFENSES.register("sensecrypt", "SenseCrypt: sensitivity-clustered FedAvg, per-client knapsack masks, "
                                  "per-parameter Paillier, key server")
 class SenseCrypt(Defense):
+    links = {"paper": "https://arxiv.org/abs/2508.04100"}
     key_topology = "key-server"
     decodes_weighted_sum = False   # per-cluster FedAvg: the global model is a mean of cluster models
 

@@ -47,6 +47,7 @@ run_metric("perplexity_masked", "", None, "privacy", "SHE-LoRA Table 14: perplex
 @DEFENSES.register("she-lora", "SHE-LoRA: OPE-negotiated column subsets of LoRA-A under CKKS, server-side "
                                "B*A^cipher, column-aware aggregation, SVD reparameterization to each rank")
 class SheLoRA(Defense):
+    links = {"paper": "https://arxiv.org/abs/2505.21051", "code": "https://github.com/liyan2015/SHE-LoRA"}
     key_topology = "shared-client-key"
     uploads_weights = True         # the wire carries the trained factors B_i, A_i (swapped), not deltas
     decodes_weighted_sum = False   # aggregates Delta W = B A column-aware, then SVD back to each client's rank
@@ -313,6 +314,7 @@ class SheLoRA(Defense):
                                 "to each rank; sigma adds Gaussian noise of gradient-scale std sigma (lr * sigma on the "
                                 "uploaded factors) as Flex-LoRA-DP")
 class FlexLoRA(SheLoRA):
+    links = {"paper": "https://arxiv.org/abs/2402.11505"}
     key_topology = "none"
 
     def __init__(self, sigma: float = 0.0) -> None:
