@@ -93,16 +93,17 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         scored.append((rec, target))
         if i == 0:
             evidence.update(rec.extra.get("details", {}))
-        if rec.texts is not None:   # recovered sentences beside the references they were matched to
-            info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
-            matched, reference = rec.extra.get("_matched", (None, None))
-            texts.append({"recovered": list(rec.texts), "matched": matched, "reference": reference})
     if trials and all(r.scores is not None for r, _ in scored):
         _score(_pooled(scored, run_values), per_target, evidence)
     else:
         for i, (rec, target) in enumerate(scored):
             _score(Evidence(rec, target.truth, target.view, target.knowledge, run_values), per_target,
                    evidence if i == 0 else None)
+    for rec, _ in scored:   # recovered sentences beside the references scoring matched them to
+        if rec.texts is not None:
+            info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
+            matched, reference = rec.extra.get("_matched", (None, None))
+            texts.append({"recovered": list(rec.texts), "matched": matched, "reference": reference})
     run_values["attack_s"] = attack_time / len(run.targets)
     metrics = _run_metrics(run_values)
     for name, values in per_target.items():
