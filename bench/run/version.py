@@ -11,7 +11,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]   # the folder holding bench/, defenses/, attacks/, metrics/
 RESULT_PACKAGES = ("bench", "defenses", "attacks", "metrics")
 
 
