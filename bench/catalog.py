@@ -4,6 +4,7 @@ Building it imports every package (seconds); it is cached under $LEAKBENCH_CACHE
 ~/.cache/leakbench) keyed by the code fingerprint, the built-in suite files and the installed
 plugins' entry points, so it is rebuilt exactly when one of them changes. Defenses and attacks
 list their parameters with defaults; attacks their family; metrics their kind, unit and direction.
+The plugins refused at load are kept with it, one line each, for `leakbench list` to print.
 """
 from __future__ import annotations
 
@@ -43,10 +44,10 @@ def _params(obj: Any) -> dict[str, str]:
             for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
-def build() -> dict[str, list[dict[str, Any]]]:
-    from bench.registry import KINDS
+def build() -> dict[str, list[Any]]:
+    from bench.registry import KINDS, refusals
 
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Any]] = {"refused": refusals()}
     for kind in KIND_NAMES:
         rows = []
         for entry in KINDS[kind].entries():
@@ -63,7 +64,7 @@ def build() -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def load() -> dict[str, list[dict[str, Any]]]:
+def load() -> dict[str, list[Any]]:
     """The cached catalog for the running code, built (and cached where writable) when missing."""
     path = cache_dir() / f"catalog-{catalog_key()}.json"
     if path.is_file():

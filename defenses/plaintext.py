@@ -8,3 +8,4 @@ from bench.registry import DEFENSES
 @DEFENSES.register("plaintext", "plain FedAvg, no protection (reference row)")
 class Plaintext(Defense):
     key_topology = "none"
+    reference_row = True

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from bench.protocol import contracts
 from bench.registry import ATTACKS, DEFENSES, METRICS
 from bench.run.leases import new_run_id
 from bench.run.spec import Cell
@@ -59,7 +60,7 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     run_values = dict(run.metrics)
     if run.diverged is not None:   # an outcome of the defense's training, neither a failure nor a block
         return _record(cell, "diverged", run.diverged, _run_metrics(run_values), dict(run.details))
-    reason = attack.blocked(run.targets[0].view, run.targets[0].knowledge)
+    reason = contracts.returned_reason(attack, "blocked", attack.blocked(run.targets[0].view, run.targets[0].knowledge))
     if reason is not None:
         details = dict(run.details) | {"sent_in_clear": sent_in_clear(run.targets[0].view, set())}
         return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), details)
@@ -71,7 +72,8 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     read: set[str] = set()
     for i, target in enumerate(run.targets):
         start = time.perf_counter()
-        rec = attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i)
+        rec = contracts.returned_reconstruction(
+            attack, attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i))
         attack_time += time.perf_counter() - start
         read |= set(rec.read_meta)
         if i == 0 and rec.images is not None:   # ground truth next to the reconstruction, for the page
@@ -80,7 +82,7 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         for m in METRICS.entries():
             if m.obj.per_target:
                 ev = Evidence(rec, target.truth, target.view, target.knowledge, run_values)
-                value = m.obj.compute(ev)
+                value = contracts.metric_value(m.obj, m.obj.compute(ev))
                 if value is not None:
                     per_target.setdefault(m.name, []).append(value)
                     if i == 0 and m.obj.details is not None:
@@ -121,7 +123,7 @@ def _run_metrics(run_values: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for m in METRICS.entries():
         if not m.obj.per_target:
-            value = m.obj.compute(Evidence(run=run_values))
+            value = contracts.metric_value(m.obj, m.obj.compute(Evidence(run=run_values)))
             if value is not None:
                 out[m.name] = value
     return out
