@@ -1,10 +1,11 @@
 """What `leakbench list` prints, without importing torch: a catalog of every registered thing.
 
 Building it imports every package (seconds); it is cached under $LEAKBENCH_CACHE (default
-~/.cache/leakbench) keyed by the code fingerprint, the built-in suite files and the installed
-plugins' entry points, so it is rebuilt exactly when one of them changes. Defenses and attacks
-list their parameters with defaults; attacks their family; metrics their kind, unit and direction.
-The plugins refused at load are kept with it, one line each, for `leakbench list` to print.
+~/.cache/leakbench) keyed by the code fingerprint, the built-in suite files, the installed plugins'
+entry points and each plugin's distribution, version and source hash (the key of a cell's
+fingerprint, bench/run/version.py), so it is rebuilt exactly when one of them changes. Defenses and
+attacks list their parameters with defaults; attacks their family; metrics their kind, unit and
+direction. The plugins refused at load are kept with it, one line each, for `leakbench list` to print.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from bench.run.version import ROOT, code_fingerprint
+from bench.run.version import ROOT, code_fingerprint, installed_plugins
 
 KIND_NAMES = ("datasets", "models", "defenses", "attacks", "metrics", "suites")
 
@@ -32,6 +33,8 @@ def catalog_key() -> str:
     for kind in KIND_NAMES:
         for ep in sorted(entry_points(group=f"leakbench.{kind}"), key=lambda e: e.name):
             digest.update(f"{kind}:{ep.name}={ep.value}".encode())
+    for dist, version in installed_plugins().items():
+        digest.update(f"plugin:{dist}={version}".encode())
     return digest.hexdigest()[:16]
 
 

@@ -27,6 +27,7 @@ def test_outside_plugin_is_discovered_listed_and_runnable(site, capsys):
     suite = tiny_suite(["toy"], [("idlg", {"reconstruct": False})])
     record = next(run_group(list(suite.cells), None))
     assert record["status"] == "ok", record["reason"]
+    assert record["environment"]["plugins"] == {"toy-plugin": record["environment"]["plugins"]["toy-plugin"]}
 
 
 def test_registry_rejects_double_registration():

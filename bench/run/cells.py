@@ -22,11 +22,14 @@ from bench.run.leases import new_run_id
 from bench.run.spec import Cell
 
 
-def environment() -> dict[str, Any]:
-    from bench.run.version import code_fingerprint, package_version
-    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": code_fingerprint(),
-            "device": compute_device()}
+def environment(cell: Cell) -> dict[str, Any]:
+    """Where and with what code the cell was computed; `plugins` lists the installed plugins that took part."""
+    from bench.run.version import cell_fingerprint, cell_plugins, package_version
+    plugins = cell_plugins(cell)
+    env = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+           "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": cell_fingerprint(cell, plugins),
+           "device": compute_device()}
+    return env | ({"plugins": plugins} if plugins else {})
 
 
 def compute_device() -> str:
@@ -51,7 +54,7 @@ def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict |
     return {"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
             "defense": cell.defense.name, "defense_params": cell.defense.params, "attack": cell.attack.name,
             "attack_params": cell.attack.params, "status": status, "reason": reason, "metrics": metrics,
-            "details": details, "config": cell.config(), "environment": environment()}
+            "details": details, "config": cell.config(), "environment": environment(cell)}
 
 
 def score_cell(cell: Cell, run) -> dict[str, Any]:
