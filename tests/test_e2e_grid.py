@@ -26,6 +26,7 @@ GRID_DEFENSES = [
     ("fedhe-top2", {}),
     ("base", {}),
     ("gaussian-noise", {"sigma": 1e-3}),
+    ("gradient-pruning", {"p": 0.5}),
     ("she-lora", {"budget": 0.1}),
     ("flex-lora", {"sigma": 0.001}),
 ]
