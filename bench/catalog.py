@@ -1,9 +1,11 @@
 """What `leakbench list` prints, without importing torch: a catalog of every registered thing.
 
 Building it imports every package (seconds); it is cached under $LEAKBENCH_CACHE (default
-~/.cache/leakbench) keyed by the code fingerprint, the built-in suite files and the installed
-plugins' entry points, so it is rebuilt exactly when one of them changes. Defenses and attacks
-list their parameters with defaults; attacks their family; metrics their kind, unit and direction.
+~/.cache/leakbench) keyed by the code fingerprint, the built-in suite files, the installed plugins'
+entry points and each plugin's distribution, version and source hash (the key of a cell's
+fingerprint, bench/run/version.py), so it is rebuilt exactly when one of them changes. Defenses and
+attacks list their parameters with defaults; attacks their family; metrics their kind, unit and
+direction. The plugins refused at load are kept with it, one line each, for `leakbench list` to print.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from bench.run.version import ROOT, code_fingerprint
+from bench.run.version import ROOT, code_fingerprint, installed_plugins
 
 KIND_NAMES = ("datasets", "models", "defenses", "attacks", "metrics", "suites")
 
@@ -31,6 +33,8 @@ def catalog_key() -> str:
     for kind in KIND_NAMES:
         for ep in sorted(entry_points(group=f"leakbench.{kind}"), key=lambda e: e.name):
             digest.update(f"{kind}:{ep.name}={ep.value}".encode())
+    for dist, version in installed_plugins().items():
+        digest.update(f"plugin:{dist}={version}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -43,10 +47,10 @@ def _params(obj: Any) -> dict[str, str]:
             for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
-def build() -> dict[str, list[dict[str, Any]]]:
-    from bench.registry import KINDS
+def build() -> dict[str, list[Any]]:
+    from bench.registry import KINDS, refusals
 
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Any]] = {"refused": refusals()}
     for kind in KIND_NAMES:
         rows = []
         for entry in KINDS[kind].entries():
@@ -63,7 +67,7 @@ def build() -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def load() -> dict[str, list[dict[str, Any]]]:
+def load() -> dict[str, list[Any]]:
     """The cached catalog for the running code, built (and cached where writable) when missing."""
     path = cache_dir() / f"catalog-{catalog_key()}.json"
     if path.is_file():

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from bench.catalog import KIND_NAMES
-from bench.registry import UnknownName
+from bench.registry import PluginError, UnknownName
 from bench.run.executors import EXECUTORS
 
 DEFAULT_OUT = "out"
@@ -67,10 +67,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _list(kind: str) -> int:
-    from bench.catalog import lines
+    from bench.catalog import lines, load
 
+    for line in load()["refused"]:
+        print(f"leakbench: {line}", file=sys.stderr)
     print("\n".join(lines(kind)))
     return 0
+
+
+def _refusals() -> None:
+    """One line per plugin refused at load, on stderr; the run goes on with every other component."""
+    from bench.registry import refusals
+
+    for line in refusals():
+        print(f"leakbench: {line}", file=sys.stderr)
 
 
 def _run(args) -> int:
@@ -87,6 +97,7 @@ def _run(args) -> int:
     from bench.models import torch_device
     torch_device.use(args.device)                # one line and exit 2 for cuda without a GPU, before anything runs
     suite = load_suite(args.suite)          # everything a cell could trip on fails here, before any write
+    _refusals()                             # plugins the suite does not name: the run goes on without them
     check_suite_data(suite, args.data_root)
     preflight(suite, args.data_root)
     check_out(args.out)
@@ -212,9 +223,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Bad input, reported in one line with exit status 2 (imported late: `list` must not load torch)."""
     from bench.data.loading import DataError
     from bench.federation.scenario import SpecError
+    from bench.protocol.contracts import ContractError
     from bench.run.store import StoreError
 
-    return (SpecError, StoreError, DataError, UnknownName, FileNotFoundError, ValueError)
+    return (SpecError, StoreError, DataError, UnknownName, PluginError, ContractError, FileNotFoundError, ValueError)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from bench.registry import DEFENSES
 @DEFENSES.register("base", "reference row: the model before federated training (nothing uploaded or applied)")
 class Base(Defense):
     key_topology = "none"
+    reference_row = True
     decodes_weighted_sum = False   # nothing is sent, the decoded update is zero
 
     def encode(self, fed, client, update, weight) -> Payload:

@@ -29,9 +29,13 @@ from bench.crypto import open_encryptor
 from bench.crypto.keys import TOPOLOGIES, provision
 from bench.federation.budget import check_target
 from bench.protocol.defense import Defense
+from bench.protocol.evidence import run_metric
 from bench.protocol.payloads import hybrid_payload
 from bench.protocol.wire import Message, Payload
 from bench.registry import DEFENSES
+
+run_metric("target_cipher_bytes", "B", None, "cost", "ciphertext bytes per upload that budget matching aimed at "
+           "(the reference's bytes x bytes_ratio)", fmt="{:,.0f}")
 
 
 def round_robin_union(proposals: list[np.ndarray]) -> np.ndarray:

@@ -9,3 +9,4 @@ from bench.registry import DEFENSES
 class Plaintext(Defense):
     links = {"paper": "https://arxiv.org/abs/1602.05629"}
     key_topology = "none"
+    reference_row = True

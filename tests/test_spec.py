@@ -50,5 +50,5 @@ def test_sweeps_expand_to_a_product():
 def test_builtin_suites_load():
     from bench.registry import SUITES
     from bench.run.spec import load_suite
-    for name in SUITES.names():
+    for name in SUITES.builtins():
         assert load_suite(name).cells

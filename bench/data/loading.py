@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from bench.protocol.contracts import returned
 from bench.registry import DATASETS
 
 DATA_ENV = "LEAKBENCH_DATA"
@@ -69,7 +70,7 @@ def load_dataset(name: str, data_root: Path | None, *, max_train: int | None = N
     kwargs = {}
     if {"max_train", "max_test"} <= set(inspect.signature(loader).parameters):
         kwargs = {"max_train": max_train, "max_test": max_test}   # built-ins subset before converting
-    data = loader(data_root, seed, seq_len, **kwargs)
+    data = returned(loader, "the loader", loader(data_root, seed, seq_len, **kwargs), Dataset, "a bench.Dataset")
     train = stratified_subset(data.train_y, max_train, seed)
     test = stratified_subset(data.test_y, max_test, seed + 1)
     if train is None and test is None:

@@ -28,6 +28,7 @@ from bench.federation.state import (Client, Diverged, Federation, FederationRun,
 from bench.models import build_model, torch_device, update_names
 from bench.models.losses import TASKS
 from bench.models.pretrain import pretrain, split_public
+from bench.protocol import contracts
 from bench.protocol.defense import Defense, Party
 from bench.protocol.evidence import Truth
 from bench.protocol.view import Canary, ServerView
@@ -84,7 +85,8 @@ def build_federation(scenario: Scenario, data, defense: Defense | None = None) -
     def new_model() -> torch.nn.Module:
         model = build_model(scenario.model, data, **scenario.model_params)
         model.load_state_dict(start)
-        return defense.adapt_model(model) if defense is not None else model
+        return contracts.returned_model(defense, "adapt_model", defense.adapt_model(model)) if defense is not None \
+            else model
 
     model = new_model()
     names = update_names(model)
@@ -150,7 +152,8 @@ def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, k
     for client in sampled:
         weight = client.num_samples / total
         for rep, (x, y, update, attacked, included) in enumerate(trained[client.name]):
-            upload = Upload(client.name, fed.round, weight, defense.encode(fed, client, update, weight))
+            payload = contracts.returned_payload(defense, "encode", defense.encode(fed, client, update, weight))
+            upload = Upload(client.name, fed.round, weight, payload)
             if attacked:
                 told = y.tolist() if fed.scenario.labels_known else None
                 sent = fed.traffic.sent_in_clear(client.name, "server")
@@ -167,11 +170,12 @@ def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, k
 def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads: list[Upload],
                known: dict[str, torch.Tensor]) -> None:
     """Server aggregation, decoding, the new global model, and what the server now knows of it."""
-    aggregate = defense.aggregate(ServerSide(fed), uploads, fed.parties["server"])
-    decoder = defense.decoder(fed)
+    aggregate = contracts.returned_payload(defense, "aggregate",
+                                           defense.aggregate(ServerSide(fed), uploads, fed.parties["server"]))
+    decoder = contracts.returned_party(defense, defense.decoder(fed))
     if decoder.name == "key-server":
         fed.send("server", "key-server", "aggregate", aggregate)
-    update = defense.decode(fed, aggregate, decoder)
+    update = contracts.returned_update(defense, defense.decode(fed, aggregate, decoder), fed.shapes)
     _broadcast(fed, sampled, aggregate, update, decoder)
     learned = _server_learns(aggregate, decoder, fed.shapes)
     current = fed.params()

@@ -12,6 +12,7 @@ import torch
 from bench.federation.scenario import Scenario
 from bench.federation.state import Federation, set_entries
 from bench.models import build_model, classifier_head, torch_device, update_names
+from bench.protocol import contracts
 from bench.protocol.attack import Setting
 from bench.protocol.defense import Defense
 from bench.protocol.view import Knowledge
@@ -80,5 +81,5 @@ def run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any
                    ciphertext_bytes=float(np.mean(fed.cipher_sizes)) if fed.cipher_sizes else 0.0,
                    he_encrypt_s=fed.meter.mean("he_encrypt_s"), he_aggregate_s=fed.meter.mean("he_aggregate_s"),
                    he_decrypt_s=fed.meter.mean("he_decrypt_s"))
-    metrics.update(defense.run_metrics(fed))
+    metrics.update(contracts.run_metric_values(defense, defense.run_metrics(fed)))
     return metrics

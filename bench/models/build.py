@@ -5,11 +5,13 @@ from __future__ import annotations
 from torch import nn
 
 from bench.data.loading import Dataset
+from bench.protocol.contracts import returned_model
 from bench.registry import MODELS
 
 
 def build_model(name: str, data: Dataset, **kwargs) -> nn.Module:
-    return MODELS.get(name)(data, **kwargs)
+    factory = MODELS.get(name)
+    return returned_model(factory, "the factory", factory(data, **kwargs))
 
 
 def classifier_head(model: nn.Module) -> tuple[str, str | None]:

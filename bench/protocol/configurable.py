@@ -36,12 +36,16 @@ class Configurable:
         """Unknown or invalid parameters fail when the suite loads, not mid-run."""
         check_kwargs(cls.__init__, params)
         try:
-            cls(**params)
+            made = cls(**params)
         except (TypeError, ValueError):
             raise
         except Exception as err:   # e.g. a comparison a constructor was not written for
             raise ValueError(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
                              ) from None
+        if "params" not in vars(made):   # its parameters would be missing from what wraps or records it
+            names = ", ".join(f"{p}={p}" for p in cls.param_names())
+            raise TypeError(f"{cls.__name__}.__init__ does not call super().__init__; add "
+                            f"super().__init__({names}) before setting attributes")
 
 
 def keyword_params(fn: Callable, skip: tuple[str, ...] = ("self",)) -> dict[str, inspect.Parameter]:

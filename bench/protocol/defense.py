@@ -40,6 +40,9 @@ class Defense(Configurable):
     # True when an upload carries the client's trained weights (e.g. LoRA factors) instead of its update;
     # an attack then knows to subtract the global weights it sent (Knowledge.gradient)
     uploads_weights: ClassVar[bool] = False
+    # True for a row to compare against that protects nothing on purpose (plaintext, the untrained model);
+    # a defense class that changes no upload hook (encode, adapt_model) must declare this to be registered
+    reference_row: ClassVar[bool] = False
 
     # -- hooks ---------------------------------------------------------------------------------
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -101,8 +101,12 @@ def metric(name: str, unit: str, lower_is_better: bool | None, kind: str, descri
 
 
 def run_value(key: str) -> Callable[[Evidence], Any]:
-    """A run-record metric: the value the federation measured, None when the run has none."""
-    return lambda ev: ev.run.get(key)
+    """A run-record metric: the value the federation measured, None when the run has none. It computes
+    nothing itself (`reads_run` says so): whatever reported the value did (bench/run/version.py)."""
+    def read(ev: Evidence) -> Any:
+        return ev.run.get(key)
+    read.reads_run = key
+    return read
 
 
 def run_metric(name: str, unit: str, lower_is_better: bool | None, kind: str, description: str, *,

@@ -19,16 +19,20 @@ import numpy as np
 import torch
 
 from bench.protocol.attack import Reconstruction
+from bench.protocol import contracts
 from bench.registry import ATTACKS, DEFENSES, METRICS
 from bench.run.leases import new_run_id
 from bench.run.spec import Cell
 
 
-def environment() -> dict[str, Any]:
-    from bench.run.version import code_fingerprint, package_version
-    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": code_fingerprint(),
-            "device": compute_device()}
+def environment(cell: Cell) -> dict[str, Any]:
+    """Where and with what code the cell was computed; `plugins` lists the installed plugins that took part."""
+    from bench.run.version import cell_fingerprint, cell_plugins, package_version
+    plugins = cell_plugins(cell)
+    env = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+           "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": cell_fingerprint(cell, plugins),
+           "device": compute_device()}
+    return env | ({"plugins": plugins} if plugins else {})
 
 
 def compute_device() -> str:
@@ -54,7 +58,7 @@ def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict |
     return {"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
             "defense": cell.defense.name, "defense_params": cell.defense.params, "attack": cell.attack.name,
             "attack_params": cell.attack.params, "status": status, "reason": reason, "metrics": metrics,
-            "details": details, "config": cell.config(), "environment": environment()}
+            "details": details, "config": cell.config(), "environment": environment(cell)}
 
 
 def sources(registry, name: str) -> dict[str, str]:
@@ -70,7 +74,7 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     run_values = dict(run.metrics)
     if run.diverged is not None:   # an outcome of the defense's training, neither a failure nor a block
         return _record(cell, "diverged", run.diverged, _run_metrics(run_values), dict(run.details))
-    reason = attack.blocked(run.targets[0].view, run.targets[0].knowledge)
+    reason = contracts.returned_reason(attack, "blocked", attack.blocked(run.targets[0].view, run.targets[0].knowledge))
     if reason is not None:
         details = dict(run.details) | {"sent_in_clear": sent_in_clear(run.targets[0].view, set())}
         return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), details)
@@ -84,7 +88,8 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     scored: list[tuple[Reconstruction, Any]] = []
     for i, target in enumerate(run.targets):
         start = time.perf_counter()
-        rec = attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i)
+        rec = contracts.returned_reconstruction(
+            attack, attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i))
         attack_time += time.perf_counter() - start
         read |= set(rec.read_meta)
         if i == 0 and rec.images is not None:   # ground truth next to the reconstruction, for the page
@@ -126,7 +131,7 @@ def _score(ev, per_target: dict[str, list], evidence: dict | None) -> None:
     """Every per-target metric on one piece of evidence; `evidence` collects their details (first upload's)."""
     for m in METRICS.entries():
         if m.obj.per_target:
-            value = m.obj.compute(ev)
+            value = contracts.metric_value(m.obj, m.obj.compute(ev))
             if value is not None:
                 per_target.setdefault(m.name, []).append(value)
                 if evidence is not None and m.obj.details is not None:
@@ -157,7 +162,7 @@ def _run_metrics(run_values: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for m in METRICS.entries():
         if not m.obj.per_target:
-            value = m.obj.compute(Evidence(run=run_values))
+            value = contracts.metric_value(m.obj, m.obj.compute(Evidence(run=run_values)))
             if value is not None:
                 out[m.name] = value
     return out

@@ -7,6 +7,7 @@ import math
 
 from bench.data.checks import DataInfo, check_dataset
 from bench.data.loading import resolve_data_root
+from bench.protocol.contracts import returned_reason
 from bench.registry import ATTACKS
 from bench.run.cells import one_line
 from bench.run.spec import Suite
@@ -42,7 +43,8 @@ def preflight(suite: Suite, data_root: str | None) -> None:
         except (TypeError, ValueError) as err:
             raise SpecError(f"scenario '{sc.name}': {one_line(err).split(': ', 1)[-1]}") from None
         for component in attacks:
-            reason = ATTACKS.get(component.name)(**component.params).applicable(facts)
+            attack = ATTACKS.get(component.name)(**component.params)
+            reason = returned_reason(attack, "applicable", attack.applicable(facts))
             if reason is not None:
                 raise SpecError(f"scenario '{sc.name}': attack '{component.label}' cannot run in it: {reason}; "
                                 f"narrow the scenario's attacks (attacks = [...]) or change the scenario")

@@ -11,7 +11,7 @@ each record's environment); each group is claimed in the store (bench/run/leases
 runs into one --out compute it once.
 
 A stored cell is reused only when it finished and was computed by the same code (package
-version and code fingerprint, bench/run/version.py); `force` recomputes everything selected,
+version and the cell's fingerprint: the code's and the plugins' that compute it, bench/run/version.py); `force` recomputes everything selected,
 `only` selects cells by label pattern, `dry_run` reports what would run and runs nothing.
 """
 from __future__ import annotations
@@ -68,13 +68,13 @@ def _group(cells: list[Cell]) -> list[list[Cell]]:
 BEAT_S = 60.0   # how often the driver renews its claims on the groups in flight
 
 
-def _store_group(job: Job, result: list[dict[str, Any]] | BaseException, fingerprint: str, store: Store,
-                 tally: Callable[[str, str, str], None]) -> None:
+def _store_group(job: Job, result: list[dict[str, Any]] | BaseException, fingerprints: dict[str, str],
+                 store: Store, tally: Callable[[str, str, str], None]) -> None:
     """Write a finished job's records; a job that raised becomes failed cells with its one-line reason,
     and a record computed by other code (a cluster node with another version) is refused the same way."""
     records = [failed(c, result) for c in job.cells] if isinstance(result, BaseException) else result
     for cell, record in zip(job.cells, records):
-        theirs = record["environment"].get("fingerprint")
+        theirs, fingerprint = record["environment"].get("fingerprint"), fingerprints[cell.cell_id]
         if record["status"] != "failed" and theirs != fingerprint:
             record = failed(cell, RuntimeError(f"computed by other code (fingerprint {theirs}, here {fingerprint});"
                                                " install this leakbench on every worker"))
@@ -83,8 +83,8 @@ def _store_group(job: Job, result: list[dict[str, Any]] | BaseException, fingerp
         tally(record["status"], cell.label, record["reason"])
 
 
-def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store, claims: Claims, fingerprint: str,
-           force: bool, tally: Callable[[str, str, str], None], poll_s: float) -> None:
+def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store, claims: Claims,
+           fingerprints: dict[str, str], force: bool, tally: Callable[[str, str, str], None], poll_s: float) -> None:
     """Keep the executor's slots full of claimed groups and store each group's records as it finishes.
 
     A group another run holds is set aside and retried once the rest is done (by then it is usually
@@ -99,7 +99,7 @@ def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store,
                 grp = group_id(cells)
                 if not claims.claim(grp):
                     busy.append(cells)
-                elif not force and all(store.finished(c.cell_id, fingerprint) for c in cells):
+                elif not force and all(store.finished(c.cell_id, fingerprints[c.cell_id]) for c in cells):
                     claims.release(grp)
                     progressed = True
                     for c in cells:
@@ -109,7 +109,7 @@ def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store,
                     pool.submit(inflight[grp])
             if inflight:
                 for job, result in pool.wait(BEAT_S):
-                    _store_group(job, result, fingerprint, store, tally)
+                    _store_group(job, result, fingerprints, store, tally)
                     claims.release(inflight.pop(job.group).group)
                     progressed = True
                 for grp in inflight:
@@ -133,7 +133,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     `executor` is a name (local, process, ray; None: local for one worker, process for more) or an
     executor object (bench/run/executors.py), which the caller then closes."""
     from bench.data.loading import resolve_data_root
-    from bench.run.version import code_fingerprint
+    from bench.run.version import cell_fingerprint
 
     root = resolve_data_root(data_root)
     root = None if root is None else str(root)
@@ -150,9 +150,9 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         check_options(executor, workers, ray_address)
     out = Path(out_dir)
     store = Store(out / "leakbench.sqlite")
-    fingerprint = code_fingerprint()
     chosen = [c for c in suite.cells if selected(c, only)]
-    states = {c.cell_id: ("forced" if force else store.state(c.cell_id, fingerprint)) for c in chosen}
+    fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
+    states = {c.cell_id: ("forced" if force else store.state(c.cell_id, fingerprints[c.cell_id])) for c in chosen}
     pending = [g for g in _group(chosen) if any(states[c.cell_id] != "done" for c in g)]
     stale = sum(states[c.cell_id] == "stale" for g in pending for c in g)
     skipped = len(chosen) - sum(len(g) for g in pending)
@@ -181,7 +181,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
 
     claims = Claims(store.path)
     try:
-        _drive(pending, pool, root, store, claims, fingerprint, force, tally, poll_s)
+        _drive(pending, pool, root, store, claims, fingerprints, force, tally, poll_s)
     finally:
         claims.close()
         if bar:

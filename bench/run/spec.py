@@ -103,8 +103,7 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -
         if not isinstance(name, str):
             raise SpecError(f"{spot}: 'name' must be a string, got {type(name).__name__} {name!r}")
         if name not in registry:
-            from bench.registry import UnknownName
-            raise SpecError(f"{spot}: {UnknownName(kind, name, registry.names())}")
+            raise SpecError(f"{spot}: {registry.unknown(name)}")
         params = table.get("params", {})
         sweep = table.get("sweep", {})
         if not isinstance(params, dict) or not isinstance(sweep, dict):
@@ -121,9 +120,15 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -
                     check(merged)
                 except Exception as err:   # any constructor failure is a load-time fault of the suite
                     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    raise SpecError(f"{spot} '{name}': {text}") from None
+                    raise SpecError(f"{spot} '{name}'{_plugin(registry, name)}: {text}") from None
             out.append(Component(name, merged))
     return out
+
+
+def _plugin(registry, name: str) -> str:
+    """' (plugin DIST VERSION, entry point ...)' when `name` comes from an installed plugin, else ''."""
+    origin = registry.entry(name).origin
+    return f" ({origin.label})" if origin is not None else ""
 
 
 def _defense_params(table: Any, registry, where: str) -> dict[str, dict]:
@@ -133,8 +138,7 @@ def _defense_params(table: Any, registry, where: str) -> dict[str, dict]:
                         "{ ratio_cap = 0.03 }")
     for name in table:
         if name not in registry:
-            from bench.registry import UnknownName
-            raise SpecError(f"{where} defense_params: {UnknownName('defense', name, registry.names())}")
+            raise SpecError(f"{where} defense_params: {registry.unknown(name)}")
     return table
 
 
@@ -149,7 +153,8 @@ def _override(component: Component, params: dict | None, registry, where: str) -
             check(merged)
         except Exception as err:   # any constructor failure is a load-time fault of the suite
             text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise SpecError(f"{where} defense_params '{component.name}': {text}") from None
+            raise SpecError(f"{where} defense_params '{component.name}'{_plugin(registry, component.name)}: {text}") \
+                from None
     return Component(component.name, merged)
 
 
@@ -199,14 +204,13 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
                             f"got {type(table).__name__} {table!r}")
         local = {k: v for k, v in table.items() if k not in ("defenses", "attacks", "defense_params")}
         scenario = build(Scenario, local, f"{where} scenarios[{i}]")
+        for registry, value in ((DATASETS, scenario.dataset), (MODELS, scenario.model)):
+            if value not in registry:
+                raise SpecError(f"{where} scenarios[{i}]: {registry.unknown(value)}")
         try:
             check_model_params(scenario.model, scenario.model_params)
         except (TypeError, ValueError) as err:
-            raise SpecError(f"{where} scenarios[{i}] model_params: {err}") from None
-        for kind, registry, value in (("dataset", DATASETS, scenario.dataset), ("model", MODELS, scenario.model)):
-            if value not in registry:
-                from bench.registry import UnknownName
-                raise SpecError(f"{where} scenarios[{i}]: {UnknownName(kind, value, registry.names())}")
+            raise SpecError(f"{where} scenarios[{i}] model_params{_plugin(MODELS, scenario.model)}: {err}") from None
         scenarios.append((scenario, table))
     names = [s.name for s, _ in scenarios]
     if len(set(names)) != len(names):
