@@ -98,6 +98,10 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         metrics[name] = unavailable[0] if unavailable else float(np.mean(values))
     details = dict(run.details)
     details["per_target"] = {k: v for k, v in per_target.items()}
+    intervals = {k: bootstrap_ci(v) for k, v in per_target.items()
+                 if len(v) > 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)}
+    if intervals:
+        details["ci95"] = intervals
     details.update(evidence)
     if any(info):
         details["attack_info"] = info
@@ -107,6 +111,14 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     if thumb:
         details["thumbnail"] = thumb
     return _record(cell, "ok", "", metrics, details)
+
+
+def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> list[float]:
+    """95 % percentile bootstrap interval of the mean over attacked uploads (resampled with replacement,
+    seeded: a record's interval is reproducible)."""
+    data = np.asarray(values, dtype=float)
+    means = data[np.random.default_rng(seed).integers(0, len(data), (resamples, len(data)))].mean(1)
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
 def sent_in_clear(view, read: set[str]) -> list[dict[str, Any]]:
