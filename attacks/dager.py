@@ -5,9 +5,15 @@ the layer inputs. The attack estimates that span's rank (singular values above `
 default sigma_max * 10 * eps: attacks/dager_span.py says why not numpy's rule; the maximum
 over the first ten layers, capped at width - `rank_cutoff`, plus `fedavg_extra_rank` for a multi-step delta as the official code adds 60), keeps every
 vocabulary token whose layer-1 input lies within `l1_span_thresh` of the layer-1 span at
-each position, then assembles sentences at layer 2 (attacks/dager_search.py). The output
+each position, then assembles sentences at layer 2 (attacks/dager_layer1.py, dager_decoder.py, dager_search.py). The output
 is B sentences, exact ones first. Defaults are the official ones (l1 1e-5, l2 1e-3,
 distinct 0.7, rank_cutoff 20).
+
+Saturation: once the rank reaches the cap, the span holds no room for every true input and
+its complement is too narrow to push false ones past `l2_span_thresh` (d = 768, B = 32: 20
+directions left; a batch with every sentence passing scored ROUGE-1 0.37). Such a batch is
+flagged `saturated`, its `exact` count is 0 (`passed_l2` keeps how many passed) and the
+metric saturated_fraction reports the share of batches flagged.
 
 Update to gradient: -update / (lr * local steps), exact for FedSGD; for FedAvg this is
 DAGER's pseudo-gradient (weight delta / (lr * epochs * minibatches)).
@@ -36,12 +42,23 @@ import torch
 
 from attacks.dager_arch import Arch
 from attacks.dager_noise import noisy_decoder_search, noisy_layer1_tokens
-from attacks.dager_search import assemble, decoder_search, encoder_search, layer1_tokens
+from attacks.dager_decoder import decoder_search
+from attacks.dager_layer1 import layer1_tokens
+from attacks.dager_search import assemble, encoder_search
 from attacks.dager_span import make_span, rank_of, spectrum
 from bench.models import torch_device
 from bench.protocol.attack import Attack, Reconstruction, Setting
+from bench.protocol.evidence import Evidence, metric
 from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
+
+
+@metric("saturated_fraction", "", None, "privacy", "fraction of attacked batches whose span rank reached the "
+        "cap (width - rank_cutoff): there the span no longer separates true from false sentences at layer 2, so "
+        "DAGER counts none of its sentences as exact", display="rank saturated")
+def saturated_fraction(ev: Evidence) -> float | None:
+    extra = ev.reconstruction.extra if ev.reconstruction is not None else {}
+    return float(extra["saturated"]) if "saturated" in extra else None
 
 
 def visible_block(grad: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -135,11 +152,12 @@ class Dager(Attack):
         model.eval().to(self.device)
         tok = knowledge.tokenizer
         arch = Arch(model, int(tok.pad_token_id))
-        spans, rank, widths = self._spans(view, knowledge, arch, state)
+        spans, rank, widths, saturated = self._spans(view, knowledge, arch, state)
         timings = {"span_s": time.perf_counter() - start}
-        extra = {"matching": arch.kind, "rank": rank, "block_width": widths}
+        extra = {"matching": arch.kind, "rank": rank, "block_width": widths, "saturated": saturated}
         if spans is None:
-            return Reconstruction(texts=[""] * knowledge.batch_size, extra=extra | {"exact": 0} | timings)
+            return Reconstruction(texts=[""] * knowledge.batch_size, extra=extra | {"exact": 0, "passed_l2": 0} |
+                                  timings)
         drop = arch.special_ids(tok)
         max_len = min(knowledge.input_shape[0], getattr(model, "max_positions", knowledge.input_shape[0]))
         t = time.perf_counter()
@@ -160,7 +178,8 @@ class Dager(Attack):
         chosen, n_exact = assemble(exact, approx, knowledge.batch_size, self.l2, self.distinct)
         texts = [tok.decode(s, skip_special_tokens=True) for s in chosen]
         texts += [""] * (knowledge.batch_size - len(texts))
-        extra |= {"exact": n_exact, "layer1_tokens": [len(t) for t in tokens]} | timings
+        extra |= {"exact": 0 if saturated else n_exact, "passed_l2": n_exact,
+                  "layer1_tokens": [len(t) for t in tokens]} | timings
         return Reconstruction(texts=texts, extra=extra)
 
     def _spans(self, view: ServerView, knowledge: Knowledge, arch: Arch, state: dict):
@@ -192,14 +211,15 @@ class Dager(Attack):
             vectors.append(vecs)
         widths = [int(b.shape[1]) for b, _, _ in blocks]
         if len(blocks) < 2 or vectors[0] is None or vectors[1] is None:
-            return None, 0, widths
+            return None, 0, widths, False
         rank = max(ranks)
         if knowledge.update_kind == "delta":
             rank += self.fedavg_extra_rank
-        rank = max(1, min(rank, min(widths[:2]) - self.rank_cutoff))
+        cap = min(widths[:2]) - self.rank_cutoff
+        rank = max(1, min(rank, cap))
         spans = []
         for (block, coords, transform), vecs in zip(blocks[:2], vectors[:2]):
             span = make_span(vecs.to(self.device), rank, transform,
                              coords.to(self.device) if coords is not None else None)
             spans.append(span)
-        return spans, rank, widths
+        return spans, rank, widths, rank >= cap

@@ -110,6 +110,25 @@ class Arch:
         size)) each extended by each of k candidate tokens (`step` = token_kv of the candidates there)."""
         return self.layout.next_layer2_inputs(keys, values, step, chunk)
 
+    @torch.no_grad()
+    def coarse_layer2_inputs(self, keys: torch.Tensor, values: torch.Tensor, step: tuple[torch.Tensor, ...],
+                             chunk: int = 4096) -> torch.Tensor:
+        """next_layer2_inputs with block 0's matrix products in bfloat16 (float32 accumulation, autocast):
+        the search's pre-test (attacks/dager_decoder.py bounds the error); returned as float32."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            return self.layout.next_layer2_inputs(keys, values, step, chunk, coarse=True).float()
+
+    @torch.no_grad()
+    def pair_layer2_inputs(self, keys: torch.Tensor, values: torch.Tensor, step: tuple[torch.Tensor, ...],
+                           parents: torch.Tensor, children: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+        """Layer-2 inputs (m, d) of m single extensions: prefix parents[i] (of keys, values) by candidate
+        children[i] (of step); what next_layer2_inputs gives for those pairs, without the rest of the grid."""
+        out = [keys.new_zeros((0, self.layout.embedding.shape[1]))]
+        for s in range(0, len(parents), chunk):
+            pi, ci = parents[s:s + chunk], children[s:s + chunk]
+            out.append(self.layout.pair_layer2_inputs(keys[pi], values[pi], tuple(t[ci] for t in step)))
+        return torch.cat(out)
+
     # -- layer 2: inputs of the second layer's projection for whole sequences ---------------------
     @torch.no_grad()
     def layer_inputs(self, ids: torch.Tensor, layer: int = 1) -> torch.Tensor:

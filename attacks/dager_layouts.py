@@ -24,6 +24,10 @@ class GPT2Layout:
     def layer1_inputs(self, position: int, rows: slice) -> torch.Tensor:
         return self.core.h[0].ln_1(self.core.wte.weight[rows] + self.core.wpe.weight[position])
 
+    def layer1_parts(self) -> tuple[torch.Tensor, torch.Tensor, nn.Module]:
+        """Layer-1 inputs are norm(token rows[t] + position rows[p]) (attacks/dager_layer1.py)."""
+        return self.core.wte.weight, self.core.wpe.weight, self.core.h[0].ln_1
+
     def token_kv(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, ...]:
         block = self.core.h[0]
         emb = self.core.wte.weight[tokens] + self.core.wpe.weight[position]
@@ -31,10 +35,9 @@ class GPT2Layout:
         heads = block.attn.num_heads
         return (emb,) + tuple(t.reshape(len(tokens), heads, -1) for t in (q, k, v))
 
-    def next_layer2_inputs(self, keys, values, step, chunk: int) -> torch.Tensor:
-        block = self.core.h[0]
+    def next_layer2_inputs(self, keys, values, step, chunk: int, coarse: bool = False) -> torch.Tensor:
         emb, q, k, v = step
-        scale = q.shape[-1] ** -0.5 if block.attn.scale_attn_weights else 1.0
+        scale = self._scale(q)
         per = max(1, chunk // max(1, len(emb)))
         out = []
         for s in range(0, len(keys), per):
@@ -43,10 +46,30 @@ class GPT2Layout:
                                 (q * k).sum(-1)[None, :, :, None].expand(len(kp), -1, -1, 1)], -1) * scale
             w = torch.softmax(logits, dim=-1)
             attn = torch.einsum("nkhp,nphd->nkhd", w[..., :-1], vp) + w[..., -1:] * v[None]
-            h = emb[None] + block.attn.c_proj(attn.flatten(2))
-            h = h + block.mlp(block.ln_2(h))
-            out.append(self.core.h[1].ln_1(h))
+            out.append(self._rest(emb[None], attn.flatten(2), coarse))
         return torch.cat(out)
+
+    def pair_layer2_inputs(self, keys, values, step) -> torch.Tensor:
+        emb, q, k, v = step
+        logits = torch.cat([torch.einsum("mhd,mphd->mhp", q, keys), (q * k).sum(-1)[..., None]], -1) * self._scale(q)
+        w = torch.softmax(logits, dim=-1)
+        attn = torch.einsum("mhp,mphd->mhd", w[..., :-1], values) + w[..., -1:] * v
+        return self._rest(emb, attn.flatten(1))
+
+    def _scale(self, q: torch.Tensor) -> float:
+        return q.shape[-1] ** -0.5 if self.core.h[0].attn.scale_attn_weights else 1.0
+
+    def _rest(self, emb: torch.Tensor, attn: torch.Tensor, coarse: bool = False) -> torch.Tensor:
+        """Block 0 after attention (output projection, residuals, MLP) and layer 1's ln_1; `coarse` (the
+        bfloat16 pre-test) runs GPT-2's tanh GELU as one fused kernel instead of its eight elementwise passes."""
+        block = self.core.h[0]
+        h = emb + block.attn.c_proj(attn)
+        x, mlp = block.ln_2(h), block.mlp
+        if coarse and type(mlp.act).__name__ == "NewGELUActivation":
+            h = h + mlp.c_proj(torch.nn.functional.gelu(mlp.c_fc(x), approximate="tanh"))
+        else:
+            h = h + mlp(x)
+        return self.core.h[1].ln_1(h)
 
 
 class BertLayout:
@@ -64,3 +87,8 @@ class BertLayout:
         h = emb.word_embeddings.weight[rows] + emb.token_type_embeddings.weight[0] + \
             emb.position_embeddings.weight[position]
         return emb.LayerNorm(h)
+
+    def layer1_parts(self) -> tuple[torch.Tensor, torch.Tensor, nn.Module]:
+        emb = self.core.embeddings
+        return (emb.word_embeddings.weight + emb.token_type_embeddings.weight[0], emb.position_embeddings.weight,
+                emb.LayerNorm)

@@ -84,9 +84,8 @@ class LlamaLayout:
         q, k = self.rotate(q, k, cos[0], sin[0], unsqueeze_dim=1)   # cos (1, head) -> (1, 1, head)
         return emb, q, k, v
 
-    def next_layer2_inputs(self, keys, values, step, chunk: int) -> torch.Tensor:
-        block = self.core.layers[0]
-        attn = block.self_attn
+    def next_layer2_inputs(self, keys, values, step, chunk: int, coarse: bool = False) -> torch.Tensor:
+        attn = self.core.layers[0].self_attn
         emb, q, k, v = step
         kc, kv_heads, size = k.shape
         qg = q.view(kc, kv_heads, -1, size)              # query head j * groups + g uses key/value head j
@@ -100,7 +99,22 @@ class LlamaLayout:
                                 own[None, ..., None].expand(n, -1, -1, -1, 1)], -1) * attn.scaling
             w = torch.softmax(logits, dim=-1)
             mixed = torch.einsum("nkjgp,npjd->nkjgd", w[..., :-1], vp) + w[..., -1:] * v[None, :, :, None]
-            h = emb[None] + attn.o_proj(mixed.reshape(n, kc, -1))
-            h = h + block.mlp(block.post_attention_layernorm(h))
-            out.append(self.core.layers[1].input_layernorm(h))
+            out.append(self._rest(emb[None], mixed.reshape(n, kc, -1)))
         return torch.cat(out)
+
+    def pair_layer2_inputs(self, keys, values, step) -> torch.Tensor:
+        emb, q, k, v = step
+        m, kv_heads, size = k.shape
+        qg = q.view(m, kv_heads, -1, size)
+        logits = torch.cat([torch.einsum("mjgd,mpjd->mjgp", qg, keys), (qg * k[:, :, None]).sum(-1)[..., None]],
+                           -1) * self.core.layers[0].self_attn.scaling
+        w = torch.softmax(logits, dim=-1)
+        mixed = torch.einsum("mjgp,mpjd->mjgd", w[..., :-1], values) + w[..., -1:] * v[:, :, None]
+        return self._rest(emb, mixed.reshape(m, -1))
+
+    def _rest(self, emb: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """Block 0 after attention (o_proj, residuals, SwiGLU MLP) and layer 1's input_layernorm."""
+        block = self.core.layers[0]
+        h = emb + block.self_attn.o_proj(mixed)
+        h = h + block.mlp(block.post_attention_layernorm(h))
+        return self.core.layers[1].input_layernorm(h)

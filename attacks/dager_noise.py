@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from attacks.dager_arch import Arch
-from attacks.dager_search import Sentence, _scores, layer1_distances
+from attacks.dager_layer1 import layer1_distances
+from attacks.dager_search import Sentence, _scores
 from attacks.dager_span import Span
 
 

@@ -36,15 +36,34 @@ class Span:
 
     def distance(self, v: torch.Tensor) -> torch.Tensor:
         """l2 distance of each unit-normalized row of v (..., d_in) to the span, shape (...)."""
-        v = v.float()
-        if self.transform is not None:
-            v = v @ self.transform.T
-        if self.coords is not None:
-            v = v[..., self.coords]
+        v = self.mapped(v.float())
         v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
         if self.complement:
             return (v @ self.basis).norm(dim=-1)
         return (v - (v @ self.basis) @ self.basis.T).norm(dim=-1)
+
+    def mapped(self, v: torch.Tensor) -> torch.Tensor:
+        """What the span is compared with: v (..., d_in) through the transform and onto the kept coordinates."""
+        if self.transform is not None:
+            v = v @ self.transform.T
+        return v[..., self.coords] if self.coords is not None else v
+
+    def mapped_adjoint(self, y: torch.Tensor, width: int) -> torch.Tensor:
+        """The adjoint of `mapped` for inputs of `width`: mapped(x) . y == x . mapped_adjoint(y)."""
+        if self.coords is not None:
+            full = y.new_zeros(y.shape[:-1] + (self.transform.shape[0] if self.transform is not None else width,))
+            full[..., self.coords] = y
+            y = full
+        return y @ self.transform if self.transform is not None else y
+
+    def residual(self, v: torch.Tensor) -> torch.Tensor:
+        """v (..., d) minus its orthogonal projection on the span."""
+        return (v @ self.basis) @ self.basis.T if self.complement else v - (v @ self.basis) @ self.basis.T
+
+    def residual_sq(self, v: torch.Tensor) -> torch.Tensor:
+        """|residual(v)|^2 in one product of width min(rank, d - rank) (the basis form cancels: a pre-test's)."""
+        return (v @ self.basis).pow(2).sum(-1) if self.complement else \
+            v.pow(2).sum(-1) - (v @ self.basis).pow(2).sum(-1)
 
 
 def spectrum(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

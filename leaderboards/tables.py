@@ -16,7 +16,8 @@ case" (every strongest-attack metric), one tab per attack, run-level privacy, ut
   table. A diverged group (training became non-finite) is no protection and no error: its privacy
   cells say "diverged", its utility columns hold the last finite global model's.
 - Attack-level metrics show mean +- std over the attacked uploads (attack_repeats) and a stored 95%
-  interval where the metric keeps one (membership AUROC's bootstrap); metrics that are a property
+  interval: the metric's own (membership AUROC's bootstrap over records) or else a percentile bootstrap of
+  the mean over the attacked uploads (bench/run/cells.py); metrics that are a property
   of the run or of the view (accuracy, epsilon, costs, kde_mi) show once per defense. A column no row
   has a number in (a metric unavailable everywhere) is left out and its reason stated once.
 """

@@ -23,7 +23,7 @@ from bench.federation.costs import CostMeter
 from bench.federation.partition import partition
 from bench.federation.measure import encryption_breakdown, run_metrics, server_view_knowledge
 from bench.federation.scenario import Scenario
-from bench.federation.state import (Client, Diverged, Federation, FederationRun, ServerSide, Target,
+from bench.federation.state import (Client, Diverged, Federation, FederationRun, ServerSide, Target, Targets,
                                     require_finite, set_entries)
 from bench.models import build_model, torch_device, update_names
 from bench.models.losses import TASKS
@@ -145,7 +145,7 @@ def _train(fed: Federation, sampled: list[Client], round: int, canary: Canary | 
 
 
 def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, knowledge,
-            targets: list[Target]) -> list[Upload]:
+            targets: Targets) -> list[Upload]:
     """Encode every update; keep the attacked ones as targets; only each client's first is aggregated."""
     total = sum(c.num_samples for c in sampled)
     uploads = []
@@ -200,7 +200,7 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
     known = {n: torch.ones(s, dtype=torch.bool) for n, s in fed.shapes.items()}
     initial = fed.params()
     last = {n: v.clone() for n, v in initial.items()}   # each entry's last value the server knew
-    targets: list[Target] = []
+    targets = Targets()
     knowledge, diverged = None, None
     canary = make_canary(fed)
     for r in range(scenario.rounds):
@@ -230,9 +230,10 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         return FederationRun(targets, knowledge, metrics, details, str(diverged))
     chosen = candidates.select(fed, known, last, initial, needs_membership)
     if chosen is not None:
-        for target in targets:
+        def told(target: Target) -> None:
             target.knowledge = replace(target.knowledge, membership=chosen[0])
             target.truth.member = chosen[1]
+        targets.update(told)
     return FederationRun(targets, knowledge, metrics, details)
 
 

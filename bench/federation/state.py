@@ -51,6 +51,57 @@ class Target:
     knowledge: Knowledge
 
 
+class Targets:
+    """A run's attacked uploads in order, as a sequence. Past `resident_bytes` of views and ground truth in
+    memory, each further target's view and truth go to a temporary file and are read back on access: a run
+    with a hundred attacked batches of a large model holds a few at a time (one d = 768 GPT-2 upload is
+    about 190 MB of view and truth). What the sequence hands out is a copy for spilled targets; change
+    them with `update`."""
+
+    def __init__(self, resident_bytes: int = 2 << 30):
+        self.resident_bytes, self.held = resident_bytes, 0
+        self.items: list[Target | tuple[str, Knowledge]] = []
+        self.folder = None
+
+    def append(self, target: Target) -> None:
+        size = _nbytes(target.view.values) + _nbytes(target.view.visible) + _nbytes(target.truth.update)
+        if self.held + size <= self.resident_bytes or not self.items:
+            self.held += size
+            self.items.append(target)
+            return
+        import tempfile
+        self.folder = self.folder or tempfile.TemporaryDirectory(prefix="leakbench-targets-")
+        path = f"{self.folder.name}/{len(self.items)}.pt"
+        torch.save((target.view, target.truth), path)
+        self.items.append((path, target.knowledge))
+
+    def update(self, change: Callable[[Target], None]) -> None:
+        """Apply `change` to every target in place (spilled ones are read, changed and written back)."""
+        for i, item in enumerate(self.items):
+            target = self[i]
+            change(target)
+            if not isinstance(item, Target):
+                torch.save((target.view, target.truth), item[0])
+                self.items[i] = (item[0], target.knowledge)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Target:
+        item = self.items[i]
+        if isinstance(item, Target):
+            return item
+        view, truth = torch.load(item[0], weights_only=False)
+        return Target(view, truth, item[1])
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 @dataclass
 class Federation:
     """Everything a defense hook may use; hooks receive the party they run at separately."""
@@ -128,7 +179,7 @@ class ServerSide:
 
 @dataclass
 class FederationRun:
-    targets: list[Target]
+    targets: Targets | list[Target]
     knowledge: Knowledge
     metrics: dict[str, Any]
     details: dict[str, Any]

@@ -85,7 +85,8 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     attack_time, thumb = 0.0, None
     read: set[str] = set()
     trials = all(t.truth.trial for t in run.targets)   # canary trials: scored together, one label each
-    scored: list[tuple[Reconstruction, Any]] = []
+    pooled: list[tuple[Reconstruction, Any]] = []
+    recs: list[Reconstruction] = []
     for i, target in enumerate(run.targets):
         start = time.perf_counter()
         rec = contracts.returned_reconstruction(
@@ -95,16 +96,17 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         if i == 0 and rec.images is not None:   # ground truth next to the reconstruction, for the page
             from bench.run.thumbnails import thumbnail
             thumb = thumbnail(rec.images, target.truth.x)
-        scored.append((rec, target))
         if i == 0:
             evidence.update(rec.extra.get("details", {}))
-    if trials and all(r.scores is not None for r, _ in scored):
-        _score(_pooled(scored, run_values), per_target, evidence)
-    else:
-        for i, (rec, target) in enumerate(scored):
+        recs.append(rec)
+        if trials and rec.scores is not None:
+            pooled.append((rec, target))
+        else:   # scored now, so that a run's spilled targets are not all held at once
             _score(Evidence(rec, target.truth, target.view, target.knowledge, run_values), per_target,
                    evidence if i == 0 else None)
-    for rec, _ in scored:   # recovered sentences beside the references scoring matched them to
+    if pooled:
+        _score(_pooled(pooled, run_values), per_target, evidence)
+    for rec in recs:   # recovered sentences beside the references scoring matched them to
         if rec.texts is not None:
             info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
             matched, reference = rec.extra.get("_matched", (None, None))
@@ -117,6 +119,9 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     details = dict(run.details)
     details["per_target"] = {k: v for k, v in per_target.items()}
     details.update(evidence)
+    for name, values in per_target.items():   # a metric's own interval (evidence) wins over the batches' spread
+        if len(values) > 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values):
+            details.setdefault(f"{name}_ci95", bootstrap_ci(values))
     if any(info):
         details["attack_info"] = info
     if texts:
@@ -148,6 +153,14 @@ def _pooled(scored: list, run_values: dict[str, Any]):
     member = np.concatenate([t.truth.member for _, t in scored])
     return Evidence(replace(rec, scores=scores), replace(target.truth, member=member), target.view, target.knowledge,
                     run_values)
+
+
+def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> list[float]:
+    """95 % percentile bootstrap interval of the mean over attacked uploads (resampled with replacement,
+    seeded: a record's interval is reproducible)."""
+    data = np.asarray(values, dtype=float)
+    means = data[np.random.default_rng(seed).integers(0, len(data), (resamples, len(data)))].mean(1)
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
 def sent_in_clear(view, read: set[str]) -> list[dict[str, Any]]:

@@ -1,15 +1,16 @@
-"""DAGER speed: one attacked batch end to end (span, layer-1 token filter, layer-2 search).
+"""DAGER speed: one attacked batch end to end (span, layer-1 token filter, layer-2 search), beside the plain search.
 
-Run with `pytest tests/benchmarks/test_bench_dager.py -m heavy` (CI: `-m heavy -k smoke`). Targets:
-one B = 4 SST-2 batch on the d = 768 GPT-2 architecture in <= 60 s on 2 CPU cores; one B = 4 SST-2
-batch on the pretrained SmolLM2-135M (d = 576, 30 layers; layers 0-1 train, the gradients DAGER reads,
-as under full fine-tuning) in <= 10 s. Measured on a 2-core machine shared with other jobs (load 10):
-2.2 s on one thread (span 0.4, layer-1 filter over 49,152 tokens 0.4, layer-2 search 1.4), 7.3 s on two
-contended threads, where the d = 768 case took 30.8 s. Peak resident memory of the process
-(ru_maxrss: the cached weights, the federated run that produced the upload and the attack) must stay
-under 4 GB; measured 3.4 GB. The smoke variants run the same paths on a d = 64 GPT-2 and on a 3-layer
-d = 128 random-init LLaMA saved as a transformers folder (`weights`). The federated run that produces
-the upload is set up outside the timed call; recovery must be exact.
+Run with `pytest tests/benchmarks/test_bench_dager.py -m heavy` (CI: `-m heavy -k smoke`). Each case times the
+attack as it is and then the plain search of tests/dager_reference.py (every (prefix, token) pair through
+block 0 in float32, fall-backs from the start, every token at every position) on the same upload in the same
+process, so the ratio survives a noisy machine; both must give the same sentences. Targets on 2 idle cores:
+one B = 4 and one B = 32 SST-2 batch on the d = 768 GPT-2 architecture (3 layers, the dager suite's) in <= 4 s
+and <= 30 s; one B = 4 batch on the pretrained SmolLM2-135M (d = 576, 30 layers; layers 0-1 train, the
+gradients DAGER reads, as under full fine-tuning) in <= 10 s. Peak resident memory of the process
+(ru_maxrss: the cached weights, the federated run that produced the upload and the attack) must stay under
+4 GB. The smoke variants run the same paths on a d = 64 GPT-2 and on a 3-layer d = 128 random-init LLaMA
+saved as a transformers folder (`weights`). The federated run that produces the upload is set up outside the
+timed call; recovery must be exact where the span is not saturated.
 """
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ from bench.registry import ATTACKS
 from bench.run.cells import federate
 from bench.run.spec import parse_suite
 from metrics.text import exact_match, rouge1
+from tests.dager_reference import counting_dager, reference_dager
 
 GPT2 = {"model": "gpt2", "dataset": "sst2-cls", "seq_len": 64}
 LLAMA = {"model": "smollm2-135m", "dataset": "sst2-sentences-cls-smollm2", "seq_len": 64}
 CASES = {   # scenario, model parameters, batch, target seconds, peak-memory target in GB
     "smoke": (GPT2, {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 1, None, None),
-    "d768": (GPT2, {"n_embd": 768, "train_embeddings": False}, 4, 60.0, None),
+    "d768": (GPT2, {"n_embd": 768, "train_embeddings": False}, 4, 4.0, 4.0),
+    "d768-b32": (GPT2, {"n_embd": 768, "train_embeddings": False}, 32, 30.0, 4.0),
     "smoke-llama": (LLAMA, {"weights": "<tiny>"}, 1, None, None),
     "smollm2": (LLAMA, {"train_embeddings": False, "train_layers": 2}, 4, 10.0, 4.0),
 }
@@ -64,15 +67,27 @@ def test_dager_one_batch(benchmark, case, tmp_path):
         "defenses": [{"name": "plaintext"}], "attacks": [{"name": "dager"}]})
     target = federate(suite.cells[0], root).targets[0]
     attack = ATTACKS.get("dager")()
+    fast_counts: dict = {}
     start = time.perf_counter()
-    rec = benchmark.pedantic(attack.run, args=(target.view, target.knowledge, 0), rounds=1, iterations=1)
+    with counting_dager(fast_counts):
+        rec = benchmark.pedantic(attack.run, args=(target.view, target.knowledge, 0), rounds=1, iterations=1)
     seconds = time.perf_counter() - start
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # Linux reports KiB
+    counts: dict = {}
+    start = time.perf_counter()
+    with reference_dager(counts):
+        plain = attack.run(target.view, target.knowledge, 0)
+    plain_s = time.perf_counter() - start
     ev = Evidence(rec, target.truth, target.view, target.knowledge)
     benchmark.extra_info.update({"batch": batch, "model": scenario["model"], "params": params, "seconds": seconds,
+                                 "plain_seconds": plain_s, "speedup": plain_s / seconds,
+                                 "plain_extensions": sum(counts.get("reference", [])),
+                                 "extensions": {k: sum(v) for k, v in fast_counts.items()},
                                  "peak_rss_gb": peak_gb, "rouge1": rouge1(ev), "exact_match": exact_match(ev),
-                                 **{k: v for k, v in rec.extra.items() if k.endswith("_s") or k == "rank"}})
-    assert rouge1(ev) == 1.0 and exact_match(ev) == 1.0
+                                 **{k: v for k, v in rec.extra.items() if k.endswith("_s") or k in ("rank", "saturated")}})
+    assert rec.texts == plain.texts
+    if not rec.extra["saturated"]:
+        assert rouge1(ev) == 1.0 and exact_match(ev) == 1.0
     if target_s is not None:
         assert seconds <= target_s, f"one B={batch} batch took {seconds:.1f} s (target {target_s} s)"
     if target_gb is not None:

@@ -1,0 +1,80 @@
+"""DAGER's pruned search returns the sentences of the plain search, and says when its span check saturates.
+
+The plain search (every (prefix, token) pair through block 0 in float32, fall-backs from the start, every
+vocabulary token at every position) lives in tests/dager_reference.py. The fast tests compare the two on
+the same uploads of small models; the heavy test reruns batches of the committed dager leaderboard from
+their stored configuration and compares each recovered sentence with the stored one."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.registry import ATTACKS
+from bench.run.cells import federate
+from bench.run.spec import parse_suite
+from tests.dager_reference import reference_dager
+
+COMMITTED = Path(__file__).resolve().parents[1] / "leaderboards" / "results" / "dager" / "results.json"
+
+
+def _targets(root, model, params, batch, repeats=2, **scenario):
+    sc = {"name": "s", "dataset": "sst2-cls", "model": model, "model_params": params, "num_clients": 1,
+          "clients_per_round": 1, "rounds": 1, "max_train": 80, "max_test": 4, "seq_len": 64, "batch_size": 8,
+          "lr": 0.01, "attack_batch_size": batch, "attack_repeats": repeats, **scenario}
+    suite = parse_suite({"name": "t", "scenarios": [sc], "defenses": [{"name": "plaintext"}],
+                         "attacks": [{"name": "dager"}]})
+    return list(federate(suite.cells[0], root).targets)
+
+
+def _both(target, seed: int):
+    """(fast, plain) reconstructions of one upload, and the extensions each search tested per position."""
+    attack = ATTACKS.get("dager")()
+    fast = attack.run(target.view, target.knowledge, seed)
+    counts: dict = {}
+    with reference_dager(counts):
+        plain = attack.run(target.view, target.knowledge, seed)
+    return fast, plain, counts
+
+
+@pytest.mark.parametrize("model,params,batch", [
+    ("gpt2", {"n_embd": 128, "n_head": 4, "train_embeddings": False}, 4),
+    ("gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 8),     # rank at the cap: fall-backs used
+    ("gpt2-lora", {"n_embd": 128, "n_head": 4, "lora_r": 96}, 2),
+])
+def test_pruned_search_returns_the_plain_searchs_sentences(data_root, model, params, batch):
+    for i, target in enumerate(_targets(data_root, model, params, batch)):
+        fast, plain, _ = _both(target, i)
+        assert fast.texts == plain.texts
+        assert fast.extra["passed_l2"] == plain.extra["passed_l2"]
+        assert fast.extra["saturated"] == plain.extra["saturated"]
+
+
+def test_saturated_span_vouches_for_no_sentence(data_root):
+    """d = 64 with 8 sentences: the rank reaches the cap (64 - 20), so no sentence counts as exact."""
+    [target] = _targets(data_root, "gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 8, repeats=1)
+    rec = ATTACKS.get("dager")().run(target.view, target.knowledge, 0)
+    assert rec.extra["rank"] == 64 - 20 and rec.extra["saturated"] is True
+    assert rec.extra["exact"] == 0
+    [unsaturated] = _targets(data_root, "gpt2", {"n_embd": 128, "n_head": 4, "train_embeddings": False}, 1,
+                             repeats=1)
+    rec = ATTACKS.get("dager")().run(unsaturated.view, unsaturated.knowledge, 0)
+    assert rec.extra["saturated"] is False and rec.extra["exact"] == 1
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("scenario,batches", [("sst2-gpt2-b16", [0]), ("sst2-gpt2-b32", [0, 3])])
+def test_committed_batches_are_recovered_sentence_for_sentence(data_root, scenario, batches):
+    """Batch 3 of B = 32 reached the rank cap (748): stored with every sentence 'exact' and ROUGE-1 0.46, it is
+    now flagged saturated with the same sentences."""
+    [rec] = [r for r in json.loads(COMMITTED.read_text()) if r["scenario"] == scenario and r["defense"] == "plaintext"]
+    suite = parse_suite({"name": "dager", "scenarios": [rec["config"]["scenario"]],
+                         "defenses": [rec["config"]["defense"]], "attacks": [rec["config"]["attack"]]})
+    cell = suite.cells[0]
+    targets = federate(cell, data_root).targets
+    attack = ATTACKS.get("dager")(**rec["config"]["attack"]["params"])
+    for i in batches:
+        out = attack.run(targets[i].view, targets[i].knowledge, cell.scenario.seed * 1000 + i)
+        assert sorted(out.texts) == sorted(rec["details"]["texts"][i]["recovered"])   # a batch has no order
+        assert out.extra["saturated"] == (rec["details"]["attack_info"][i]["rank"] == 748)
