@@ -98,3 +98,16 @@ def test_exports_load_frame_and_compare(tmp_path, capsys):
         {"cell": "s/plain/idlg", "metric": "psnr", "a": 30.0, "b": 31.5, "delta": 1.5}]
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert "psnr: 30.0 -> 31.5 (+1.5)" in capsys.readouterr().out
+
+
+def test_compute_summary_counts_each_run_once_and_names_the_machine():
+    from leaderboards.render import compute_summary
+    env = {"platform": "Linux-x", "cpus": 2, "device": "cpu"}
+    a = rec("d", "ilrg", wall_s=3600.0, attack_s=10.0) | {"environment": env | {"run_id": "r1"},
+                                                         "config": {"scenario": {"attack_repeats": 3}}}
+    b = rec("d", "idlg", wall_s=3600.0, attack_s=20.0) | {"environment": env | {"run_id": "r1"},
+                                                         "config": {"scenario": {"attack_repeats": 3}}}
+    summary = compute_summary([a, b])
+    assert summary["runs"] == 1 and summary["cells"] == 2
+    assert abs(summary["hours"] - (3600 + 90) / 3600) < 1e-9
+    assert summary["machines"] == ["Linux-x, 2 CPUs, cpu"]
