@@ -68,3 +68,11 @@ def kde_mi(ev: Evidence):
     s = torch.cat([torch.zeros(ev.truth.update[n].numel(), dtype=torch.float64) if n in missing
                    else _seen(ev.view.values[n]).reshape(-1) for n in names])
     return kde_mutual_information(x.numpy(), s.numpy())
+
+
+@metric("hidden_fraction", "", None, "cost", "share of the attacked upload's entries the server does not see in "
+        "plaintext (encrypted, kept local or withheld): the attacked client's own HE ratio", per_attack=False)
+def hidden_fraction(ev: Evidence):
+    if ev.view is None:
+        return None
+    return 1.0 - ev.view.visible_fraction()
