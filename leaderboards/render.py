@@ -126,12 +126,12 @@ def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_
            home: str | None = None, generated: str | None = None) -> Path:
     """Write the exports, plots and index.html of these records into out_dir. `home` is the front page's
     address relative to out_dir (a site's pages link back to it); `generated` the date to print."""
-    records = described(records)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in (out / "plots").glob("*.png"):  # plots/ belongs to the renderer: no stale plot survives
         old.unlink()
-    write_exports(records, infos, out)
+    write_exports(records, infos, out)   # every record, shown or not: re-rendering never drops a result
+    records = described(records)
     suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out)
               for s in dict.fromkeys(r["suite"] for r in records)]
     title = "LeakBench · " + (suites[0]["name"] if len(suites) == 1 else "leaderboard")

@@ -208,3 +208,12 @@ def test_compute_summary_counts_each_run_once_and_names_the_machine():
     assert summary["runs"] == 1 and summary["cells"] == 2
     assert abs(summary["hours"] - (3600 + 90) / 3600) < 1e-9
     assert summary["machines"] == ["Linux-x, 2 CPUs, cpu"]
+
+
+def test_a_record_a_page_cannot_show_stays_in_the_results(tmp_path, capsys):
+    old = rec("plain", "idlg", psnr=30.0)
+    del old["details"]["metric_schema"]
+    render([old, rec("he", "idlg", psnr=10.0)], {}, tmp_path)
+    assert "predates metric schema snapshots" in capsys.readouterr().err
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(r["defense"] for r in stored) == ["he", "plain"]
