@@ -59,6 +59,25 @@ def reconstructions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def compute_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where and for how long the stored cells were computed: each federated run's wall time once, plus each
+    cell's attack time per attacked upload times its uploads, summed; the machines the records name."""
+    if not records:
+        return None
+    runs: dict[str, float] = {}
+    attacks = 0.0
+    for rec in records:
+        env, metrics = rec.get("environment") or {}, rec.get("metrics") or {}
+        runs.setdefault(env.get("run_id") or rec["cell_id"], float(metrics.get("wall_s") or 0.0))
+        repeats = ((rec.get("config") or {}).get("scenario") or {}).get("attack_repeats", 1)
+        attacks += float(metrics.get("attack_s") or 0.0) * repeats
+    machines = sorted({f"{(r.get('environment') or {}).get('platform', '?')}, "
+                       f"{(r.get('environment') or {}).get('cpus', '?')} CPUs, "
+                       f"{(r.get('environment') or {}).get('device', 'cpu')}" for r in records})
+    return {"hours": (sum(runs.values()) + attacks) / 3600, "runs": len(runs), "cells": len(records),
+            "machines": machines}
+
+
 def provenance(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Which package version and code fingerprint computed how many of the records."""
     seen = Counter(((r.get("environment") or {}).get("leakbench", "?"), (r.get("environment") or {}).get(
@@ -99,6 +118,7 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
     return {"name": suite, "tables": tables, "failures": failures, "description": info.get("description", ""),
             "notes": markdown(info.get("notes", "")), "figures": figures, "paper": paper,
             "paper_notes": any(p["note"] for p in paper), "provenance": provenance(records),
+            "compute": compute_summary(records),
             "counts": Counter(r["status"] for r in records)}
 
 
@@ -106,12 +126,12 @@ def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_
            home: str | None = None, generated: str | None = None) -> Path:
     """Write the exports, plots and index.html of these records into out_dir. `home` is the front page's
     address relative to out_dir (a site's pages link back to it); `generated` the date to print."""
-    records = described(records)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in (out / "plots").glob("*.png"):  # plots/ belongs to the renderer: no stale plot survives
         old.unlink()
-    write_exports(records, infos, out)
+    write_exports(records, infos, out)   # every record, shown or not: re-rendering never drops a result
+    records = described(records)
     suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out)
               for s in dict.fromkeys(r["suite"] for r in records)]
     title = "LeakBench · " + (suites[0]["name"] if len(suites) == 1 else "leaderboard")

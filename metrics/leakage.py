@@ -93,3 +93,11 @@ def kde_mi_protected(ev: Evidence):
         return None
     names = [n for n in ev.truth.update if n not in ev.view.visible or not bool(ev.view.visible[n].all())]
     return kde_mutual_information(*_pairs(ev, names)) if names else None
+
+
+@metric("hidden_fraction", "", None, "cost", "share of the attacked upload's entries the server does not see in "
+        "plaintext (encrypted, kept local or withheld): the attacked client's own HE ratio", per_attack=False)
+def hidden_fraction(ev: Evidence):
+    if ev.view is None:
+        return None
+    return 1.0 - ev.view.visible_fraction()

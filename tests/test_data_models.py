@@ -295,3 +295,11 @@ def test_partition_bad_arguments(kwargs, match):
     kwargs = {"num_clients": 4} | kwargs
     with pytest.raises(ValueError, match=match):
         partition(LABELS, **kwargs)
+
+
+def test_sensecrypt_models_have_the_papers_parameter_counts():
+    """SenseCrypt appendix table 4: 50,890 (the MLP/FCN at 28x28) and 124,534 (its CIFAR-10 'AlexNet')."""
+    def count(name, shape):
+        return sum(p.numel() for p in build_model(name, image_data(shape)).parameters())
+    assert count("fcn", (1, 28, 28)) == 50_890
+    assert count("alexnet-cifar", (3, 32, 32)) == 124_534

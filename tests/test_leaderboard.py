@@ -195,3 +195,25 @@ def test_paper_rows_take_ranges_and_ratios_in_one_precision():
                        {"metric": "psnr", "reported": 40, "defense": "fast"}], records)
     assert rows[0]["reported"] == "402.0–748.0×" and rows[0]["ours"] == "65.7×" and abs(rows[0]["ratio"] - 65.7 / 402) < 1e-9
     assert rows[1]["reported"] == "40.00" and rows[1]["ours"] == "30.00" and rows[1]["ratio"] == 0.75
+
+
+def test_compute_summary_counts_each_run_once_and_names_the_machine():
+    from leaderboards.render import compute_summary
+    env = {"platform": "Linux-x", "cpus": 2, "device": "cpu"}
+    a = rec("d", "ilrg", wall_s=3600.0, attack_s=10.0) | {"environment": env | {"run_id": "r1"},
+                                                         "config": {"scenario": {"attack_repeats": 3}}}
+    b = rec("d", "idlg", wall_s=3600.0, attack_s=20.0) | {"environment": env | {"run_id": "r1"},
+                                                         "config": {"scenario": {"attack_repeats": 3}}}
+    summary = compute_summary([a, b])
+    assert summary["runs"] == 1 and summary["cells"] == 2
+    assert abs(summary["hours"] - (3600 + 90) / 3600) < 1e-9
+    assert summary["machines"] == ["Linux-x, 2 CPUs, cpu"]
+
+
+def test_a_record_a_page_cannot_show_stays_in_the_results(tmp_path, capsys):
+    old = rec("plain", "idlg", psnr=30.0)
+    del old["details"]["metric_schema"]
+    render([old, rec("he", "idlg", psnr=10.0)], {}, tmp_path)
+    assert "predates metric schema snapshots" in capsys.readouterr().err
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(r["defense"] for r in stored) == ["he", "plain"]

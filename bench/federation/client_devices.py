@@ -11,6 +11,8 @@ Catalogs:
 - uniform: one device, 50 MB/s and 32 CPUs (SenseCrypt section 4.1's homogeneous setting).
 - sensecrypt-4.1: the five tiers of SenseCrypt section 4.1, 50/45/40/35/30 MB/s with
   24/16/12/10/8 CPUs.
+- sensecrypt-fig6: SenseCrypt Fig. 6 (extreme system heterogeneity): 32, 24, 16, 12, 10, 8, 2 and 1
+  CPUs at 50 MB/s, and a ninth device that trains without HE (32 CPUs, HE budget 0).
 - she-lora-bert / she-lora-llama: SHE-LoRA table 1, four types with 105.2 / 165.5 / 216.9 /
   243.1 GFLOPS, ranks 8 / 16 / 16 / 32, budgets 0.4 / 0.4 / 0.8 / 1.6 % (Bert-Large) or
   0.125 / 0.125 / 0.25 / 0.5 % (OpenLLaMA-3B), in the mix 20:15:10:5. The paper gives no
@@ -50,6 +52,8 @@ CATALOGS: dict[str, dict[str, tuple[Device, int]]] = {
     "uniform": {"uniform": (Device("uniform", 50.0, 32.0), 1)},
     "sensecrypt-4.1": {f"tier-{i + 1}": (Device(f"tier-{i + 1}", bw, cpu), 1)
                        for i, (bw, cpu) in enumerate(zip((50.0, 45.0, 40.0, 35.0, 30.0), (24.0, 16.0, 12.0, 10.0, 8.0)))},
+    "sensecrypt-fig6": {f"cpu-{c}": (Device(f"cpu-{c}", 50.0, float(c)), 1) for c in (32, 24, 16, 12, 10, 8, 2, 1)}
+    | {"no-he": (Device("no-he", 50.0, 32.0, he_budget=0.0), 1)},
     "she-lora-bert": _she_lora((0.004, 0.004, 0.008, 0.016)),
     "she-lora-llama": _she_lora((0.00125, 0.00125, 0.0025, 0.005)),
 }

@@ -60,6 +60,37 @@ def simplecnn(data: Dataset) -> nn.Module:
                                                                nn.Linear(256, data.num_classes)))
 
 
+@MODELS.register("fcn", "SenseCrypt FCN: flatten, hidden (default 64, ReLU), classes; 50,890 parameters on 28x28")
+def fcn(data: Dataset, hidden: int = 64) -> nn.Module:
+    """SenseCrypt's FCN for FMNIST. The paper gives no layers; its appendix table 4 counts 50,890
+    parameters for its MLP, which is exactly 784-64-10, the MLP of the authors' earlier Paillier FL
+    code (liyan2015/AdaptiveBatchHE). Its dropout is left out: it would make the sensitivity random."""
+    shape = _image_shape(data, "fcn")
+    if not isinstance(hidden, int) or hidden < 1:
+        raise ValueError(f"fcn hidden must be an int >= 1, got {hidden!r}")
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), hidden), nn.ReLU(),
+                         nn.Linear(hidden, data.num_classes))
+
+
+@MODELS.register("alexnet-cifar", "SenseCrypt's CIFAR-10 'AlexNet': 5x (conv3x3, ReLU, maxpool) 6-16-32-64-128, "
+                                  "FC 120, 84, classes; 124,534 parameters at 32x32")
+def alexnet_cifar(data: Dataset) -> nn.Module:
+    """SenseCrypt trains an 'AlexNet' on CIFAR-10 and counts 124,534 parameters for it (appendix table 4);
+    torchvision's AlexNet has 57 M. The count is exactly that of the five-conv network of the authors'
+    earlier Paillier FL code (liyan2015/AdaptiveBatchHE, class Net), rebuilt here. Inputs under 32 px
+    skip the pools that would shrink a side below one pixel (so it also runs on 28x28 and 8x8)."""
+    shape = _image_shape(data, "alexnet-cifar")
+    layers, cin, side = [], shape[0], min(shape[1:])
+    for cout in (6, 16, 32, 64, 128):
+        layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU()]
+        if side >= 2:
+            layers.append(nn.MaxPool2d(2))
+            side //= 2
+        cin = cout
+    return Classifier(nn.Sequential(*layers), shape, lambda n: nn.Sequential(
+        nn.Linear(n, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, data.num_classes)))
+
+
 @MODELS.register("lenet5-sigmoid", "DLG/iDLG LeNet: 3 sigmoid convs (12 ch, 5x5), one FC; uniform(-0.5,0.5) init")
 def lenet5_sigmoid(data: Dataset) -> nn.Module:
     """The DLG LeNet; like DLG, every weight and bias is drawn from U(-0.5, 0.5), which keeps the

@@ -15,8 +15,11 @@ merge        every member of the client's cluster gets the cluster model as its 
              entries (client.local covers every entry, so it is also where local training starts).
 The engine's global model is the sample-weighted average of the cluster models.
 
-Device profiles (r_i, v_i) are the scenario's (client.device); a suite gives `ratio_cap` per
-scenario through the scenario's `defense_params`.
+Device profiles (r_i, v_i) are the scenario's (client.device); a device's HE budget (he_budget, 1.0 by
+default) scales its client's encryption budget, so a device with budget 0 trains without HE (Fig. 6's
+client 9). A suite gives `ratio_cap` per scenario through the scenario's `defense_params`.
+`paillier_slice` = S > 0 encrypts only the first S masked values per upload for real and extrapolates
+every Paillier cost (slices.py): for models whose masks are too large to encrypt value by value.
 Defaults: B, C from section 4.1 (FCN/FMNIST for one-channel inputs, AlexNet/CIFAR10 for three),
 eta_MI = 2.0 bits, 2048-bit keys; smaller keys are reported as test_only_key_size.
 """
@@ -48,6 +51,7 @@ from defenses.sensecrypt.clustering import (
 from defenses.sensecrypt.evaluation import own_label_accuracy
 from defenses.sensecrypt.profiles import RoundClock, budgets, data_groups, device_profiles
 from defenses.sensecrypt.selection import SOLVERS, solve_mask
+from defenses.sensecrypt.slices import SliceCosts
 
 # section 4.1: {C=0.7, B=1.3} for the FCN on FMNIST, {C=0.5, B=2} for AlexNet on CIFAR10
 PAPER_BC = {"grey": (1.3, 0.7), "colour": (2.0, 0.5)}
@@ -63,7 +67,8 @@ class SenseCrypt(Defense):
     def __init__(self, key_bits: int = 2048, B: float | None = None, C: float | None = None, eta_mi: float = 2.0,
                  mi_bins: int = 32, ratio_cap: float = 1.0, solver: str = "exact",
                  dp_epsilon: float | None = None, dp_delta: float = 1e-5, dp_clip: float = 1.0,
-                 ap_preference: str | float = "median", budget_scope: str = "cluster", cluster_epochs: int = 1) -> None:
+                 ap_preference: str | float = "median", budget_scope: str = "cluster", cluster_epochs: int = 1,
+                 paillier_slice: int = 0) -> None:
         if key_bits < 512 or key_bits % 8:
             raise ValueError(f"key_bits must be a multiple of 8 and >= 512 (2048 outside tests), got {key_bits}")
         if (B is not None and not B > 0) or (C is not None and not C >= 0):
@@ -80,10 +85,12 @@ class SenseCrypt(Defense):
             raise ValueError(f"budget_scope '{budget_scope}' must be 'cluster' (section 3.2) or 'all' (Algorithm 3)")
         if cluster_epochs < 0:
             raise ValueError(f"cluster_epochs must be >= 0, got {cluster_epochs}")
+        if not isinstance(paillier_slice, int) or paillier_slice < 0:
+            raise ValueError(f"paillier_slice must be an int >= 0 (0 = encrypt every value), got {paillier_slice!r}")
         super().__init__(key_bits=key_bits, B=B, C=C, eta_mi=eta_mi, mi_bins=mi_bins, ratio_cap=ratio_cap,
                          solver=solver, dp_epsilon=dp_epsilon, dp_delta=dp_delta, dp_clip=dp_clip,
                          ap_preference=ap_preference,
-                         budget_scope=budget_scope, cluster_epochs=cluster_epochs)
+                         budget_scope=budget_scope, cluster_epochs=cluster_epochs, paillier_slice=paillier_slice)
         self.opt = dict(self.params)
 
     # -- Phase 1 -----------------------------------------------------------------------------------
@@ -96,6 +103,7 @@ class SenseCrypt(Defense):
         self.B = default_b if o["B"] is None else float(o["B"])
         self.C = default_c if o["C"] is None else float(o["C"])
         self.sizes = [int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1 for n in fed.names]
+        self.costs = SliceCosts(o["paillier_slice"]) if o["paillier_slice"] else None
         r, v = device_profiles(fed)
         self.clock = RoundClock(r, v)
         received, norms = [], []
@@ -127,15 +135,18 @@ class SenseCrypt(Defense):
         for client in fed.clients:
             fed.send("server", client.name, "cluster id and encryption budget", 12)
             client.party.state.update(cluster=self.labels[client.index],
-                                      alpha=self.alphas[client.index] * self.ratio_cap)
+                                      alpha=self.alphas[client.index] * self.ratio_cap * client.device.he_budget)
         server.state["clusters"] = list(self.labels)
         keyserver.state["cluster_models"] = {c: {n: t.clone() for n, t in start.items()} for c in set(self.labels)}
         self.masks: list[dict] = []
         self.unions: list[dict] = []
+        self.encryptions: list[dict] = []   # measured (values, seconds) per upload: the cost model's check
 
     # -- Phase 2 -----------------------------------------------------------------------------------
     def round_start(self, fed, round: int, clients: list, updates: dict) -> None:
         server = fed.parties["server"]
+        if self.costs is not None:
+            self.costs.withheld.clear()   # sliced: last round's counterfactual uploads
         totals: dict[int, int] = {}
         for client in clients:
             totals[self.labels[client.index]] = totals.get(self.labels[client.index], 0) + client.num_samples
@@ -158,14 +169,17 @@ class SenseCrypt(Defense):
 
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
         started = time.perf_counter()
-        payload = percluster.masked_payload(fed, client, update, client.party.state["mask"],
-                                            client.party.state["share"], self.sizes)
-        self.clock.charge(fed.round, client.index, time.perf_counter() - started)
-        self.clock.upload(fed.round, client.index, payload.nbytes)
+        payload, measured, seconds, upload = percluster.masked_payload(
+            fed, client, update, client.party.state["mask"], client.party.state["share"], self.sizes, self.costs)
+        self.clock.charge(fed.round, client.index, time.perf_counter() - started - measured + seconds)
+        self.clock.upload(fed.round, client.index, int(upload))
+        count = payload.cipher[0].length if payload.cipher else 0
+        self.encryptions.append({"round": fed.round, "client": client.name, "values": count, "seconds": measured})
         return payload
 
     def aggregate(self, fed, uploads, server) -> Payload:
-        out = percluster.aggregate(fed, uploads, server.state["clusters"], server.state["shares"], server, self.sizes)
+        out = percluster.aggregate(fed, uploads, server.state["clusters"], server.state["shares"], server, self.sizes,
+                                   self.costs)
         index = {c.name: c.index for c in fed.clients}
         senders = [self.labels[index[u.sender]] for u in uploads]
         for key, blob in out.meta.items():
@@ -178,7 +192,7 @@ class SenseCrypt(Defense):
 
     def decode(self, fed, aggregate: Payload, party) -> dict[str, torch.Tensor]:
         """Cluster models advance by their decrypted updates; the global model becomes their weighted mean."""
-        flat = percluster.decode(fed, aggregate, party, self.sizes)
+        flat = percluster.decode(fed, aggregate, party, self.sizes, self.costs)
         party.state["cluster_updates"] = flat
         models = party.state["cluster_models"]
         for cluster, values in flat.items():
@@ -235,7 +249,12 @@ class SenseCrypt(Defense):
                                               "security_ok", "mi_ok")} for m in self.masks if not m["feasible"]],
             "round_time": self.clock.details(),
             "accuracy_own_labels": own,
+            "encryptions": self.encryptions,
         }
+        if self.costs is not None:
+            out.update(self.costs.metrics())
+            out.update({k[:-2] + "_extrapolated_s": out.pop(k) for k in ("round_time_max_s", "round_time_mean_s") if k in out})
+            out["encrypted_fraction_extrapolated"] = out["sensecrypt"]["mask_fraction_mean"]
         return out
 
 
