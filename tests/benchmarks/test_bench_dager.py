@@ -28,12 +28,13 @@ from bench.run.spec import parse_suite
 from metrics.text import exact_match, rouge1
 from tests.dager_reference import counting_dager, reference_dager
 
-GPT2 = {"model": "gpt2", "dataset": "sst2-cls", "seq_len": 64}
-LLAMA = {"model": "smollm2-135m", "dataset": "sst2-sentences-cls-smollm2", "seq_len": 64}
+GPT2 = {"model": "gpt2", "dataset": "sst2-cls", "seq_len": 64, "max_train": 64}
+SST2 = {"model": "gpt2", "dataset": "sst2-sentences-cls", "seq_len": 64, "max_train": 400}   # the dager suite's
+LLAMA = {"model": "smollm2-135m", "dataset": "sst2-sentences-cls-smollm2", "seq_len": 64, "max_train": 64}
 CASES = {   # scenario, model parameters, batch, target seconds, peak-memory target in GB
     "smoke": (GPT2, {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 1, None, None),
-    "d768": (GPT2, {"n_embd": 768, "train_embeddings": False}, 4, 4.0, 4.0),
-    "d768-b32": (GPT2, {"n_embd": 768, "train_embeddings": False}, 32, 30.0, 4.0),
+    "d768": (SST2, {"n_embd": 768, "train_embeddings": False}, 4, 4.0, 4.0),
+    "d768-b32": (SST2, {"n_embd": 768, "train_embeddings": False}, 32, 30.0, 4.0),
     "smoke-llama": (LLAMA, {"weights": "<tiny>"}, 1, None, None),
     "smollm2": (LLAMA, {"train_embeddings": False, "train_layers": 2}, 4, 10.0, 4.0),
 }
@@ -63,7 +64,7 @@ def test_dager_one_batch(benchmark, case, tmp_path):
         params = {**params, "weights": _tiny_llama(tmp_path / "tiny")}
     suite = parse_suite({"name": "b", "scenarios": [{
         "name": "s", **scenario, "model_params": params, "num_clients": 1, "clients_per_round": 1, "rounds": 1,
-        "max_train": 64, "max_test": 4, "lr": 0.01, "attack_batch_size": batch}],
+        "max_test": 4, "lr": 0.01, "attack_batch_size": batch}],
         "defenses": [{"name": "plaintext"}], "attacks": [{"name": "dager"}]})
     target = federate(suite.cells[0], root).targets[0]
     attack = ATTACKS.get("dager")()
