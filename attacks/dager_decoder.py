@@ -85,7 +85,7 @@ class _Search:
         approx: list[Sentence] = []
         sure = 0                          # finished sentences whose every position passed
         for p in range(1, len(self.tokens)):
-            if not self.tokens[p]:
+            if not self.tokens[p] or len(prefixes) == 0:   # no first token passed and no fall-backs are kept
                 break
             cand = torch.tensor(self.tokens[p], device=dev)
             n, kc = len(prefixes), len(cand)

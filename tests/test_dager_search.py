@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.registry import ATTACKS
 from bench.run.cells import federate
@@ -78,3 +79,24 @@ def test_committed_batches_are_recovered_sentence_for_sentence(data_root, scenar
         out = attack.run(targets[i].view, targets[i].knowledge, cell.scenario.seed * 1000 + i)
         assert sorted(out.texts) == sorted(rec["details"]["texts"][i]["recovered"])   # a batch has no order
         assert out.extra["saturated"] == (rec["details"]["attack_info"][i]["rank"] == 748)
+
+
+def test_a_batch_whose_first_tokens_all_fail_falls_back_as_the_plain_search_does(data_root):
+    """l2 = 0: no first token passes layer 2, so the exact pass has nothing to extend (a saturated B = 64 batch
+    reaches this); the search then keeps the closest failing tokens, as the plain search does from the start."""
+    from attacks.dager_arch import Arch
+    from attacks.dager_decoder import decoder_search
+    from tests.dager_reference import reference_decoder_search
+    [target] = _targets(data_root, "gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 2, repeats=1)
+    attack = ATTACKS.get("dager")()
+    model = target.knowledge.build_model()
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in target.knowledge.global_params.items():
+            state[name].copy_(value)
+    arch = Arch(model.eval(), int(target.knowledge.tokenizer.pad_token_id))
+    spans, *_ = attack._spans(target.view, target.knowledge, arch, state)
+    tokens = [list(range(50, 60))] * 4
+    fast = decoder_search(arch, spans[1], tokens, 2, 0.0)
+    plain = reference_decoder_search(arch, spans[1], tokens, 2, 0.0)
+    assert fast == plain and not fast[0] and fast[1]
