@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from bench.registry import SUITES
-from bench.run.runner import run_suite
 from bench.run.spec import parse_suite
-from bench.run.store import Store
+from tests.conftest import run_every_cell
 
 SLICE = {"rounds": 1, "attack_round": 0, "local_epochs": 1, "attack_repeats": 1}
 # per scenario: the defenses the slice keeps (every kind of row once: HE, plaintext, the remedy, budget matching)
@@ -69,12 +68,7 @@ def lm_slice(suite: str, weights: str):
 
 
 def _records(suite, tmp_path, data_root):
-    summary = run_suite(suite, tmp_path, data_root=data_root)
-    assert summary.failed == 0, summary.failures
-    store = Store(tmp_path / "leakbench.sqlite")
-    records = store.records(suite.name)
-    store.close()
-    assert len(records) == len(suite.cells)
+    records = run_every_cell(suite, tmp_path, data_root)
     labels = {cell.cell_id: (cell.scenario.name, cell.defense.label, cell.attack.label) for cell in suite.cells}
     return {labels[r["cell_id"]]: r for r in records}
 
@@ -113,8 +107,8 @@ def test_mia_language_slice(tmp_path, data_root, tiny_llama):
 
 
 def test_dager_lora_path_is_checked_at_load(data_root):
-    from tests.conftest import tiny_suite
     from bench.run.preflight import preflight
+    from tests.conftest import tiny_suite
     with pytest.raises(ValueError, match="lora_path"):
         tiny_suite(["plaintext"], [("dager", {"lora_path": "factor-c"})], dataset="sst2-cls", model="gpt2")
     suite = tiny_suite(["plaintext"], [("dager", {"lora_path": "factor-b"})], dataset="sst2-cls", model="gpt2",
