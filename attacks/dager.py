@@ -30,6 +30,13 @@ are logit-transformed and z-scored; at position 0 tokens below -`std_thresh` sig
 kept, elsewhere the max(50 B, 5 % of the vocabulary) closest; at layer 2 the extensions
 whose mean distance is an outlier below -`std_thresh` sigma (at most B per step) survive.
 
+LoRA (`lora_path`, attacks/dager_arch.py): "auto" reads grad A when the global B the server sent is
+non-zero and A is fully visible, else grad B through the known A; "factor-a" always reads grad A
+(B^T G X^T: zero while B = 0, so a first round from the usual B = 0 init yields nothing; hidden
+columns of A drop those input coordinates); "factor-b" always reads grad B (G (A X)^T) through the
+global A the server knows. The two factor paths give the two readings of an attack on LoRA that
+SHE-LoRA's evaluation distinguishes (leaderboards/suites/she-lora-paper.toml).
+
 Blocked by design when the view is empty, the model is not a GPT-2, BERT or LLaMA layout, the
 first two layers' projection gradients are entirely hidden, or the server does not know
 the global weights.
@@ -51,6 +58,8 @@ from bench.protocol.attack import Attack, Reconstruction, Setting
 from bench.protocol.evidence import Evidence, metric
 from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
+
+LORA_PATHS = ("auto", "factor-a", "factor-b")
 
 
 @metric("saturated_fraction", "", None, "privacy", "fraction of attacked batches whose span rank reached the "
@@ -89,20 +98,23 @@ class Dager(Attack):
     def __init__(self, rank_tol: float | None = None, rank_cutoff: int = 20, l1_span_thresh: float = 1e-5,
                  l2_span_thresh: float = 1e-3, distinct_thresh: float = 0.7, max_combinations: int = 4096,
                  fedavg_extra_rank: int = 60, noise_filter: bool = False, std_thresh: float = 5.0,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", lora_path: str = "auto") -> None:
         if l1_span_thresh <= 0 or l2_span_thresh <= 0:
             raise ValueError("l1_span_thresh and l2_span_thresh must be > 0")
+        if lora_path not in LORA_PATHS:
+            raise ValueError(f"lora_path '{lora_path}' must be one of {', '.join(LORA_PATHS)}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got '{device}'")
         super().__init__(rank_tol=rank_tol, rank_cutoff=rank_cutoff, l1_span_thresh=l1_span_thresh,
                          l2_span_thresh=l2_span_thresh, distinct_thresh=distinct_thresh,
                          max_combinations=max_combinations, fedavg_extra_rank=fedavg_extra_rank,
-                         noise_filter=noise_filter, std_thresh=std_thresh, device=device)
+                         noise_filter=noise_filter, std_thresh=std_thresh, device=device, lora_path=lora_path)
         self.rank_tol, self.rank_cutoff = rank_tol, rank_cutoff
         self.l1, self.l2, self.distinct = l1_span_thresh, l2_span_thresh, distinct_thresh
         self.max_combinations, self.fedavg_extra_rank = max_combinations, fedavg_extra_rank
         self.noise_filter, self.std_thresh = noise_filter, std_thresh
         self.pinned = device
+        self.lora_path = lora_path
 
     @property
     def device(self) -> str:
@@ -125,14 +137,18 @@ class Dager(Attack):
                    "gradient of them is ever sent"
         if self.noise_filter and arch.kind == "encoder":
             return "the noise-robust filtering is decoder-only (as in the official code)"
+        if self.lora_path != "auto" and arch.layers[0].lora_a is None:
+            return f"lora_path = '{self.lora_path}' reads LoRA factors; model '{knowledge.model_name}' has none on " \
+                   "the projections DAGER reads (use lora_path = 'auto')"
         return None
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         if view.visible_fraction() == 0.0:
             return "the server view is empty: every entry is encrypted or kept local"
         if not knowledge.knows_global_model():
-            return "the server does not know the current global weights (clients decrypt them)"
-        names = [n for p in Arch(knowledge.build_model(), pad_id=-1).layers[:2] for n in p.grad_names]
+            return "the server does not know the current global weights (clients decrypt or draw them)"
+        layers = Arch(knowledge.build_model(), pad_id=-1).layers[:2]
+        names = [n for p in layers for n in ((p.lora_a,) if self.lora_path == "factor-a" else p.grad_names)]
         if any(n not in view.visible for n in names):
             return "the defense's model does not train the first two layers' projections, so their gradients are " \
                    "not sent"
@@ -194,15 +210,16 @@ class Dager(Attack):
             transform = None
             if proj.lora_a is not None:
                 a_visible = view.visible[proj.lora_a]
-                if bool(a_visible.all()) and float(state[proj.grad_name].detach().abs().max()) > 0:
+                b_zero = float(state[proj.grad_name].detach().abs().max()) == 0
+                if self.lora_path == "factor-a" or (self.lora_path == "auto" and bool(a_visible.all()) and not b_zero):
                     grad, visible = knowledge.gradient(view, proj.lora_a), a_visible   # grad A spans the inputs
-                else:                                  # B = 0: grad A vanishes, grad B spans {A x}
+                else:                                  # grad B spans {A x}: candidates go through the known A
                     transform = state[proj.lora_a].detach().float().to(self.device)
             block, coords = visible_block(grad, visible)
             blocks.append((block, coords, transform))
         ranks, vectors = [], []
         for block, coords, _ in blocks:
-            if block.numel() == 0:
+            if block.numel() == 0 or not bool(torch.nan_to_num(block).abs().max() > 0):   # nothing to span
                 ranks.append(0)
                 vectors.append(None)
                 continue

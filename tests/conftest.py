@@ -77,3 +77,16 @@ def site(tmp_path, monkeypatch):
     yield s
     sys.path.remove(str(s.path))
     s.reload()
+
+
+def run_every_cell(suite, tmp_path, data_root) -> list[dict]:
+    """Run a suite into tmp_path; no cell may fail and every cell has its record."""
+    from bench.run.runner import run_suite
+    from bench.run.store import Store
+    summary = run_suite(suite, tmp_path, data_root=data_root)
+    assert summary.failed == 0, summary.failures
+    store = Store(tmp_path / "leakbench.sqlite")
+    records = store.records(suite.name)
+    store.close()
+    assert len(records) == len(suite.cells)
+    return records

@@ -59,6 +59,7 @@ TEXT_ATTACKS = [
     ("mia-minkpp", {"k": 0.2}),
     ("mia-recall", {"shots": 1}),
     ("mia-pac", {"augmentations": 1}),
+    ("mia-ref", {}),
     ("dager", {}),
 ]
 CANARY_ATTACKS = [("audit-canary", {})]   # on canary trials (scenario canary = gradient / mislabeled)

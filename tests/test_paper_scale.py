@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench.registry import SUITES
-from bench.run.runner import run_suite
 from bench.run.spec import parse_suite
-from bench.run.store import Store
+from tests.conftest import run_every_cell
 
 SLICE = {"rounds": 1, "local_epochs": 1, "max_test": 64, "attack_repeats": 1}
 MODEL_PARAMS = {"resnet18": {"width": 8}, "fcn": {"hidden": 4}}
@@ -58,12 +57,7 @@ def paper_slice(suite: str, keep=lambda scenario: True):
 
 
 def run_slice(suite, tmp_path, data_root):
-    summary = run_suite(suite, tmp_path, data_root=data_root)
-    assert summary.failed == 0, summary.failures
-    store = Store(tmp_path / "leakbench.sqlite")
-    records = store.records(suite.name)
-    store.close()
-    assert len(records) == len(suite.cells)
+    records = run_every_cell(suite, tmp_path, data_root)
     for rec in records:
         assert rec["status"] in ("ok", "blocked"), (rec["scenario"], rec["defense"], rec["reason"])
         assert "accuracy" in rec["metrics"], rec["scenario"]

@@ -39,11 +39,10 @@ class MIALoss(ModelMIA):
 
     def score(self, knowledge: Knowledge, seed: int):
         mk = knowledge.membership
-        model = self.target_model(knowledge)
         if knowledge.task == "causal-lm":
-            from attacks.mia.text import token_stats
-            stats = token_stats(model, mk.candidates_x, knowledge)
-            return stats.mean_ll(), {"signal": "mean token log-likelihood"}
+            from attacks.mia.text import shared_stats
+            return shared_stats(self, knowledge).mean_ll(), {"signal": "mean token log-likelihood"}
+        model = self.target_model(knowledge)
         return -per_sample_loss(logits_of(model, mk.candidates_x), mk.candidates_y).numpy(), {"signal": "-CE"}
 
 

@@ -14,6 +14,10 @@ NLL = -LL. Every score is converted to "higher = member"; native signs and sourc
   disjoint from every candidate, and only x's tokens are scored. The paper's finding is that a
   non-member prefix lowers a member's likelihood more, so the ratio is higher for members; used
   as is. The prefix is cut so prefix + x fit the model's context.
+- mia-ref (Carlini et al. 2021; MIMIR's ref): NLL_target(x) - NLL_ref(x), lower = member; score =
+  LL_target - LL_ref. The reference is the model the server sent in round one (the membership
+  knowledge's initial model): for a fine-tune of a pretrained LM that is the pretrained model
+  itself, which has seen no member, the natural reference (MIMIR picks other pretrained LMs).
 - mia-pac (Ye et al., PAC): PD(s) = mean(top 5% lp) - mean(bottom 30% lp); PAC = PD(x) - mean over
   `augmentations` EDA variants of PD; the official code takes the AUC of -PAC, so score = -PAC. The
   EDA variants use random swap and random deletion at alpha = 0.3, seeded; synonym replacement and
@@ -21,15 +25,17 @@ NLL = -LL. Every score is converted to "higher = member"; native signs and sourc
 """
 from __future__ import annotations
 
+import hashlib
 import random
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from attacks.mia.common import ModelMIA
-from bench.protocol.view import Knowledge
+from bench.protocol.view import Knowledge, load
 from bench.registry import ATTACKS
 
 
@@ -50,17 +56,27 @@ _SHARED: list = []   # (model entries id, ids, stats) of the last few forwards: 
 
 @torch.no_grad()
 def token_stats(model: torch.nn.Module, ids: torch.Tensor, knowledge: Knowledge, batch: int = 32) -> TokenStats:
+    """Per-token statistics. Rows run in batches of similar length, cut after their last real token: the
+    model is causal and pads are right, so the cut changes no statistic of a real token (only the cost)."""
     pad = knowledge.tokenizer.pad_token_id
+    real = ids != pad
+    length = torch.where(real.any(1), real.shape[1] - real.flip(1).int().argmax(1), 0)
+    order = torch.argsort(length, stable=True)
+    width = ids.shape[1] - 1
     out = []
-    for xb in ids.split(batch):
+    for rows in order.split(batch):
+        xb = ids[rows][:, :max(2, int(length[rows].max()))]
         logp = torch.log_softmax(model(xb)[:, :-1].float(), -1)
         target = xb[:, 1:]
         lp = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
         p = logp.exp()
         mu = (p * logp).sum(-1)
         sigma = ((p * logp.pow(2)).sum(-1) - mu.pow(2)).clamp(min=1e-12).sqrt()
-        out.append((lp, target != pad, mu, sigma))
-    return TokenStats(*(torch.cat(t) for t in zip(*out)))
+        cut = width - lp.shape[1]
+        out.append((F.pad(lp, (0, cut)), F.pad((target != pad).int(), (0, cut)).bool(), F.pad(mu, (0, cut)),
+                    F.pad(sigma, (0, cut), value=1.0)))
+    back = torch.argsort(order)
+    return TokenStats(*(torch.cat(t)[back] for t in zip(*out)))
 
 
 def shared_stats(attack: ModelMIA, knowledge: Knowledge) -> TokenStats:
@@ -176,6 +192,34 @@ class MIARecall(LMMIA):
         lp, mask = cond.lp[:, n:], cond.mask[:, n:]
         ll_cond = ((lp.double() * mask).sum(1) / mask.sum(1).clamp(min=1)).numpy()
         return ll_cond / np.minimum(stats.mean_ll(), -1e-12), {"shots": self.shots, "prefix_tokens": n}
+
+
+_REFERENCE: list = []   # (key, stats): the reference model's statistics, shared by every defense of a scenario
+
+
+def _fingerprint(knowledge: Knowledge) -> str:
+    mk = knowledge.membership
+    h = hashlib.sha256(repr((knowledge.model_name, sorted(knowledge.model_params.items()))).encode())
+    for name in sorted(mk.initial):
+        h.update(name.encode() + mk.initial[name].detach().cpu().numpy().tobytes())
+    h.update(mk.candidates_x.numpy().tobytes())
+    return h.hexdigest()
+
+
+@ATTACKS.register("mia-ref", "reference membership attack: LL(target) - LL(reference), the reference being "
+                             "the initial model the server sent (the pretrained base of a fine-tune)")
+class MIARef(LMMIA):
+    links = {"paper": "https://arxiv.org/abs/2012.07805", "code": "https://github.com/iamgroot42/mimir"}
+
+    def score(self, knowledge, seed):
+        stats = shared_stats(self, knowledge)
+        key = _fingerprint(knowledge)
+        ref = next((s for k, s in _REFERENCE if k == key), None)
+        if ref is None:
+            ref = token_stats(load(knowledge, knowledge.membership.initial), knowledge.membership.candidates_x,
+                              knowledge)
+            _REFERENCE[:] = _REFERENCE[-1:] + [(key, ref)]
+        return stats.mean_ll() - ref.mean_ll(), {"reference": "the initial global model"}
 
 
 def eda(words: list[str], alpha: float, rng: random.Random) -> list[str]:

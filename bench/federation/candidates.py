@@ -15,8 +15,10 @@ Threat model (README): the attacker is the aggregation server.
   labels. The labels stay in the ground truth.
 - The model the server can assemble is the final global model: the entries it knows, plus
   each hidden entry filled with zero or with the last value it knew (the server built the
-  initial model, so every entry starts known). Nothing known means model-based attacks are
-  blocked by design.
+  initial model, so every entry starts known, except what a defense's clients draw themselves).
+  Where the server can compute hidden entries from public parts of its own aggregates (a
+  defense's `server_estimate`, e.g. SHE-LoRA's plaintext columns), it uses those values. Nothing
+  known or computable means model-based attacks are blocked by design.
 """
 from __future__ import annotations
 
@@ -60,8 +62,10 @@ def check(sc, test_size: int) -> None:
 
 
 def select(fed, known: dict[str, torch.Tensor], last: dict[str, torch.Tensor],
-           initial: dict[str, torch.Tensor], wanted: bool = True) -> tuple[MembershipKnowledge, np.ndarray] | None:
-    """Draw candidates and auxiliary data for the finished run; None when no attack of the run wants them."""
+           initial: dict[str, torch.Tensor], wanted: bool = True,
+           estimate: dict[str, torch.Tensor] | None = None) -> tuple[MembershipKnowledge, np.ndarray] | None:
+    """Draw candidates and auxiliary data for the finished run; None when no attack of the run wants them.
+    `estimate`: values the server computed itself for entries it does not know (Defense.server_estimate)."""
     sc = fed.scenario
     if not wanted or sc.mia_size == 0:
         return None
@@ -85,7 +89,8 @@ def select(fed, known: dict[str, torch.Tensor], last: dict[str, torch.Tensor],
     labels = np.r_[np.ones(n, np.int64), np.zeros(n, np.int64)]
     order = rng.permutation(2 * n)
     params = fed.params()
-    final = {k: torch.where(known[k], params[k], torch.nan) for k in fed.names}
+    estimate = estimate or {}
+    final = {k: torch.where(known[k], params[k], estimate[k] if k in estimate else torch.nan) for k in fed.names}
     recipe = {"epochs": sc.rounds * sc.local_epochs, "batch_size": sc.batch_size, "lr": sc.lr,
               "train_size": len(my) if sc.mia_members == "all" else len(pool[0].y)}
     mk = MembershipKnowledge(cx[order], cy[order], test_x[aux], test_y[aux], initial, final,

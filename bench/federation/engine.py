@@ -198,7 +198,9 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
     fed.round = -1
     defense.setup(fed)
     known = {n: torch.ones(s, dtype=torch.bool) for n, s in fed.shapes.items()}
-    initial = fed.params()
+    for n, hidden in defense.hidden_initial(fed).items():
+        known[n] &= ~hidden
+    initial = {n: v.masked_fill(~known[n], 0.0) for n, v in fed.params().items()}   # as the server knows it
     last = {n: v.clone() for n, v in initial.items()}   # each entry's last value the server knew
     targets = Targets()
     knowledge, diverged = None, None
@@ -228,7 +230,8 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
     details = {k: v for k, v in measured.items() if isinstance(v, dict)} | {"key_topology": defense.key_topology}
     if diverged is not None:
         return FederationRun(targets, knowledge, metrics, details, str(diverged))
-    chosen = candidates.select(fed, known, last, initial, needs_membership)
+    chosen = candidates.select(fed, known, last, initial, needs_membership,
+                               defense.server_estimate(fed) if needs_membership else {})
     if chosen is not None:
         def told(target: Target) -> None:
             target.knowledge = replace(target.knowledge, membership=chosen[0])

@@ -147,12 +147,16 @@ def smollm2_135m(data: Dataset, weights: str = "", n_positions: int = 0, train_e
 @MODELS.register("smollm2-135m-lora", "pretrained SmolLM2-135M (as smollm2-135m) with LoRA on the attention "
                                       "projections (default q_proj and v_proj, r=256); base frozen")
 def smollm2_135m_lora(data: Dataset, lora_r: int = 256, lora_alpha: int | None = None,
-                      lora_targets: list | None = None, weights: str = "", n_positions: int = 0) -> nn.Module:
+                      lora_targets: list | None = None, weights: str = "", n_positions: int = 0,
+                      lora_layers: int = 0) -> nn.Module:
     """Only the LoRA matrices train, plus the classification head on classification data. r = 256 is DAGER's;
     targets default to peft's LLaMA choice ["q_proj", "v_proj"], not DAGER's q_proj alone: without a BOS
     token the first query attends only to itself, so q_proj's gradient never holds a sentence's first
     token, while v_proj's does (attacks/dager_llama.py). Any of q/k/v/o_proj, gate/up/down_proj may be
-    named. alpha defaults to 2 r, as for gpt2-lora."""
+    named. alpha defaults to 2 r, as for gpt2-lora. `lora_layers = k` adapts decoder layers 0..k-1 only
+    (0 = all 30): while every B is zero (a first FedSGD step) their gradients equal full LoRA's, since
+    an adapter with B = 0 leaves the forward pass unchanged; a smaller upload for attacks that read the
+    first layers, as `train_layers` is for full fine-tuning."""
     from peft import LoraConfig, get_peft_model
     targets = list(lora_targets) if lora_targets is not None else ["q_proj", "v_proj"]
     if lora_r < 1:
@@ -163,8 +167,11 @@ def smollm2_135m_lora(data: Dataset, lora_r: int = 256, lora_alpha: int | None =
         raise ValueError(f"lora_targets: unknown module {bad!r}; choose among {', '.join(LORA_TARGETS)}")
     _checked(data, "smollm2-135m-lora", n_positions)
     net = _build(data, weights, n_positions)
+    if not 0 <= lora_layers <= len(net.model.layers):
+        raise ValueError(f"lora_layers must be in 0..{len(net.model.layers)} (0 = all), got {lora_layers}")
     lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * lora_r,
-                      target_modules=targets, lora_dropout=0.0)
+                      target_modules=targets, lora_dropout=0.0,
+                      layers_to_transform=list(range(lora_layers)) if lora_layers else None)
     with warnings.catch_warnings():   # peft calls a deprecated transformers property; not actionable here
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         lm = get_peft_model(net, lora)

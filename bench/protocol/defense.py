@@ -81,6 +81,17 @@ class Defense(Configurable):
         """Measured, defense-specific metrics of the run (fractions, epsilon, ...)."""
         return {}
 
+    def hidden_initial(self, fed) -> dict[str, torch.Tensor]:
+        """Boolean masks of initial-model entries the clients draw themselves (after setup) and never send, so
+        the aggregation server does not know them from the start (e.g. a client-seeded LoRA initialization)."""
+        return {}
+
+    def server_estimate(self, fed) -> dict[str, torch.Tensor]:
+        """After the last round: values the aggregation server can compute, from public parts of the aggregates
+        it built, for final-model entries it does not know (e.g. the plaintext part of a selectively encrypted
+        sum); membership attacks use them in place of a fill."""
+        return {}
+
     # -- budget matching (bench/federation/budget.py) -------------------------------------------------------
     def cipher_target(self) -> tuple[str, float] | None:
         """(reference defense label, bytes ratio) when this defense's encrypted amount is matched."""

@@ -11,6 +11,16 @@ aggregate    column-aware: sum_i w_i B_i A_i^plain over each plaintext column, s
              A_i^cipher under HE; SVD of the plaintext part (sliced to the largest rank).
 decode/merge every client decrypts, merges (eq. 4) and re-factors to its rank (client.local);
              the engine's global model is the same merge at the model's rank.
+Remedy (`init = "client"`): LoRA's B starts at 0, so a first-round FedSGD upload of B is -lr G (A0 X)^T,
+sent in clear, and with the usual init the server drew A0 itself: DAGER reads the batch through
+it (attacks/dager.py, lora_path "factor-b"). With init = "client" the clients draw A0 from a seed
+they share beside the HE key and never send it; the aggregation server then knows no A from the
+start (Defense.hidden_initial), the paper's premise that it cannot map grad B back to the inputs.
+Server estimate: after the last round the aggregation server holds the plaintext columns' sum
+(its SVD travels in meta), so it can rebuild the masked model of table 14; membership attacks use
+it (Defense.server_estimate), the paper's "MIAs based on unencrypted parameters" (appendix F.4).
+Per-layer shapes: each adapted matrix has its own outputs m (SmolLM2: q_proj 576, v_proj 192) and
+block width; all must share the input width n, since budgets count A's columns.
 Choices: the wire carries factors, not deltas, as the paper and the authors' code do, so an
 attack's view holds the uploaded adapter (in swapped column order). Trainable entries outside
 the adapters (a sequence-classification head) travel in clear and are averaged (FedAvg), as a
@@ -30,6 +40,7 @@ import numpy as np
 import torch
 
 from bench.crypto.params import KeyMaterial
+from bench.federation.state import set_entries
 from bench.protocol.defense import Defense
 from bench.protocol.evidence import run_metric
 from bench.protocol.wire import CipherPart, Payload, PlainPart
@@ -37,6 +48,7 @@ from bench.registry import DEFENSES
 from defenses.shelora import he, lora, negotiation
 
 RULES = ("max", "min", "random")
+INITS = ("server", "client")
 
 run_metric("perplexity_true", "", True, "utility", "SHE-LoRA Table 14: perplexity of the base model plus the decrypted "
            "aggregated Delta W", fmt="{:.1f}")
@@ -53,15 +65,17 @@ class SheLoRA(Defense):
     decodes_weighted_sum = False   # aggregates Delta W = B A column-aware, then SVD back to each client's rank
 
     def __init__(self, budget: float | None = None, rule: str = "max", chunk: int = 4, calibration: int = 128,
-                 min_columns: int = 1, sigma: float = 0.0) -> None:
+                 min_columns: int = 1, sigma: float = 0.0, init: str = "server") -> None:
         if budget is not None and not 0.0 <= budget <= 1.0:
             raise ValueError(f"budget must be in [0, 1] (a fraction of A's columns), got {budget}")
         if rule not in RULES:
             raise ValueError(f"rule '{rule}' must be one of {', '.join(RULES)}")
         if chunk < 1 or calibration < 1 or min_columns < 0 or sigma < 0:
             raise ValueError("chunk and calibration must be >= 1, min_columns and sigma >= 0")
+        if init not in INITS:
+            raise ValueError(f"init '{init}' must be one of {', '.join(INITS)}")
         super().__init__(budget=budget, rule=rule, chunk=chunk, calibration=calibration, min_columns=min_columns,
-                         sigma=sigma)
+                         sigma=sigma, init=init)
         self.opt = dict(self.params)
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -74,11 +88,16 @@ class SheLoRA(Defense):
         self.extra = [n for n in fed.names if n not in adapters]   # e.g. a classification head: in clear
         first = self.layers[0]
         self.r_max, self.n = fed.shapes[first.a]
-        self.m = fed.shapes[first.b][0]
-        if self.m > he.slots():
-            raise ValueError(f"she-lora: the server's product B_i A_i^cipher needs the layer's {self.m} outputs in "
-                             f"one ciphertext of {he.slots()} slots; use a narrower model")
-        self.chunk = min(self.opt["chunk"], he.slots() // self.m)   # columns per block that the product fits
+        self.m = {layer.a: fed.shapes[layer.b][0] for layer in self.layers}   # outputs: q_proj 576, v_proj 192
+        widths = {fed.shapes[layer.a][1] for layer in self.layers}
+        if len(widths) > 1:
+            raise ValueError(f"she-lora: the adapted layers must share one input width (budgets count A's columns), "
+                             f"got {sorted(widths)}; adapt projections of one width (e.g. q_proj, v_proj)")
+        if max(self.m.values()) > he.slots():
+            raise ValueError(f"she-lora: the server's product B_i A_i^cipher needs a layer's {max(self.m.values())} "
+                             f"outputs in one ciphertext of {he.slots()} slots; use a narrower model")
+        # columns per block that the server's product fits (chunk * m <= N/2 slots), per layer
+        self.chunk = {a: min(self.opt["chunk"], he.slots() // m) for a, m in self.m.items()}
         self.ranks, self.ks = {}, {}
         for c in fed.clients:
             rank = c.device.lora_rank or self.r_max
@@ -99,6 +118,8 @@ class SheLoRA(Defense):
                 c.party.keys["ope"] = KeyMaterial("ope", b"", ope_key, {})
                 fed.send("key-server", c.name, "ckks context and OPE key", len(self.key.secret) + len(ope_key))
         start = fed.params()
+        if self.opt["init"] == "client":
+            start = self._client_init(fed, start)
         for c in fed.clients:
             c.local = {n: t.clone() for n, t in start.items()}
             for layer in self.layers:
@@ -107,6 +128,20 @@ class SheLoRA(Defense):
         self.order: dict[str, list[int]] | None = None
         self.requests: dict[str, bytes] = {}
         self.costs: dict[str, list] = {}
+
+    def _client_init(self, fed, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The remedy for the first round: clients draw A0 from a seed they share beside the HE key (never
+        sent), U(-1/sqrt(n), 1/sqrt(n)) as peft's default init; B0 stays 0, so the model is unchanged."""
+        gen = torch.Generator().manual_seed(int(np.random.default_rng([fed.scenario.seed, 0xA0]).integers(2 ** 62)))
+        bound = 1.0 / np.sqrt(self.n)
+        drawn = {layer.a: (torch.rand(fed.shapes[layer.a], generator=gen) * 2 - 1) * bound for layer in self.layers}
+        set_entries(fed.model, drawn)
+        return start | drawn
+
+    def hidden_initial(self, fed) -> dict[str, torch.Tensor]:
+        if self.opt["init"] != "client":
+            return {}
+        return {layer.a: torch.ones(fed.shapes[layer.a], dtype=torch.bool) for layer in self.layers}
 
     def _columns(self, client) -> int:
         gamma = self.opt["budget"] if self.opt["budget"] is not None else client.device.he_budget
@@ -167,8 +202,7 @@ class SheLoRA(Defense):
         trained = self._trained(fed, client, update)
         r, k = self.ranks[client.name], self.ks[client.name]
         rng = np.random.default_rng([fed.scenario.seed, fed.round, client.index, 0xD9])
-        plain, cipher = {}, []
-        enc_s = 0.0
+        plain, columns = {}, []
         for layer in self.layers:
             a = trained[layer.a].double().numpy()[:r]
             b = trained[layer.b].double().numpy()[:, :r]
@@ -183,18 +217,20 @@ class SheLoRA(Defense):
             mask = np.zeros((self.r_max, self.n), bool)
             mask[:r, swap[: self.n - k]] = True
             plain[layer.a] = PlainPart.of(torch.from_numpy(shown), mask)
-            b_full = np.zeros((self.m, self.r_max))
+            b_full = np.zeros((self.m[layer.a], self.r_max))
             b_full[:, :r] = b
-            b_mask = np.zeros((self.m, self.r_max), bool)
+            b_mask = np.zeros((self.m[layer.a], self.r_max), bool)
             b_mask[:, :r] = True
             plain[layer.b] = PlainPart.of(torch.from_numpy(b_full), b_mask)
             if k:
-                tic = time.perf_counter()
-                with fed.meter.time("he_encrypt_s"):
-                    blobs = he.encrypt_blocks(client.party.keys["ckks"], a[:, order[:k]], self.chunk)
-                enc_s += time.perf_counter() - tic
-                cipher.append(CipherPart("ckks", tuple(blobs), ((layer.a, ~mask & (np.arange(self.r_max) < r)[:, None]),),
-                                         r * k))
+                columns.append((layer.a, a[:, order[:k]], ~mask & (np.arange(self.r_max) < r)[:, None]))
+        tic = time.perf_counter()
+        cipher = []
+        if columns:   # one timed call per upload, as every defense's he_encrypt_s
+            with fed.meter.time("he_encrypt_s"):
+                cipher = [CipherPart("ckks", tuple(he.encrypt_blocks(client.party.keys["ckks"], cols, self.chunk[a])),
+                                     ((a, hidden),), r * k) for a, cols, hidden in columns]
+        enc_s = time.perf_counter() - tic
         for name in self.extra:
             plain[name] = PlainPart.of(trained[name])
         meta = {"she-lora negotiation (OPE)": self.requests.pop(client.name)} if client.name in self.requests else {}
@@ -206,54 +242,67 @@ class SheLoRA(Defense):
     def aggregate(self, fed, uploads: list, server) -> Payload:
         k_min = min(self.ks[u.sender] for u in uploads)
         k_max = max(self.ks[u.sender] for u in uploads)
-        meta, cipher = {}, []
+        meta, cipher, products = {}, [], []
         self.shapes_k = (k_min, k_max)
+        adders = {}
         for layer in self.layers:
-            total = np.zeros((self.m, self.n - k_min))
-            adder = he.BlockAggregator(server.keys["ckks"], self.m, self.chunk) if k_max else None
+            m = self.m[layer.a]
+            total = np.zeros((m, self.n - k_min))
+            adders[layer.a] = he.BlockAggregator(server.keys["ckks"], m, self.chunk[layer.a]) if k_max else None
             for up in uploads:
                 r, k = self.ranks[up.sender], self.ks[up.sender]
-                b = up.payload.plain[layer.b].values().astype(np.float64).reshape(self.m, r)
+                b = up.payload.plain[layer.b].values().astype(np.float64).reshape(m, r)
                 swap = lora.swap_order(self.n, self.order[layer.a])
                 a = up.payload.plain[layer.a].dense().double().numpy()[:r][:, swap[: self.n - k]]
                 total[:, : self.n - k] += up.weight * (b @ a)
                 if k:
                     part = next(p for p in up.payload.cipher if p.layout[0][0] == layer.a)
-                    with fed.meter.time("he_aggregate_s"):
-                        adder.add(list(part.blobs), b, up.weight, k)
+                    products.append((layer.a, list(part.blobs), b, up.weight, k))
             b_p, a_p = lora.svd_factors(total, self.r_max)
             meta[layer.a + "/plain-svd"] = np.concatenate([b_p.ravel(), a_p.ravel()]).astype("<f4").tobytes()
+        if products:   # one timed call per round: the server's whole B_i * A_i^cipher work
+            with fed.meter.time("he_aggregate_s"):
+                for a, blobs, b, weight, k in products:
+                    adders[a].add(blobs, b, weight, k)
+        for layer in self.layers:
+            m, adder = self.m[layer.a], adders[layer.a]
             if k_max:
                 mask = np.zeros((self.r_max, self.n), bool)
                 mask[0, self.n - k_max:] = True
-                cipher.append(CipherPart("ckks", tuple(adder.blobs()), ((layer.a, mask),), self.m * k_max))
+                cipher.append(CipherPart("ckks", tuple(adder.blobs()), ((layer.a, mask),), m * k_max))
         plain = {n: PlainPart.of(torch.from_numpy(sum(up.weight * up.payload.plain[n].values().astype(np.float64)
                                                       for up in uploads).reshape(fed.shapes[n])))
                  for n in self.extra}
         return Payload(plain=plain, cipher=tuple(cipher), meta=meta)
 
     # -- clients -------------------------------------------------------------------------------------
-    def _delta_w(self, fed, aggregate: Payload, party, layer) -> tuple[tuple, np.ndarray, np.ndarray]:
-        """(plaintext factors, m x k_max decrypted columns in swapped order, the swap) of one layer."""
-        k_min, k_max = self.shapes_k
-        width = self.n - k_min
+    def _decrypted(self, fed, aggregate: Payload, party) -> dict[str, np.ndarray]:
+        """Every layer's m x k_max decrypted columns (one timed call); none for party None (the server)."""
+        k_max = self.shapes_k[1]
+        if not k_max or party is None:
+            return {}
+        with fed.meter.time("he_decrypt_s"):
+            return {layer.a: he.decrypt_blocks(party.keys["ckks"],
+                                               list(next(p for p in aggregate.cipher if p.layout[0][0] == layer.a).blobs),
+                                               self.m[layer.a], k_max, self.chunk[layer.a]) for layer in self.layers}
+
+    def _delta_w(self, aggregate: Payload, decrypted: dict, layer) -> tuple[tuple, np.ndarray, np.ndarray]:
+        """(plaintext factors, m x k decrypted columns in swapped order (none for the server), the swap)."""
+        width, m = self.n - self.shapes_k[0], self.m[layer.a]
         flat = np.frombuffer(aggregate.meta[layer.a + "/plain-svd"], "<f4").astype(np.float64)
-        rank = min(self.r_max, self.m, width)
-        b_p = flat[: self.m * rank].reshape(self.m, rank)
-        a_p = flat[self.m * rank:].reshape(rank, width)
-        cols = np.zeros((self.m, k_max))
-        if k_max:
-            part = next(p for p in aggregate.cipher if p.layout[0][0] == layer.a)
-            with fed.meter.time("he_decrypt_s"):
-                cols = he.decrypt_blocks(party.keys["ckks"], list(part.blobs), self.m, k_max, self.chunk)
+        rank = min(self.r_max, m, width)
+        b_p = flat[: m * rank].reshape(m, rank)
+        a_p = flat[m * rank:].reshape(rank, width)
+        cols = decrypted.get(layer.a, np.zeros((m, 0)))
         return (b_p, a_p), cols[:, ::-1], lora.swap_order(self.n, self.order[layer.a])
 
     def _refactor(self, fed, aggregate, party, rank: int) -> dict[str, torch.Tensor]:
         out = {}
+        decrypted = self._decrypted(fed, aggregate, party)
         for layer in self.layers:
-            (b_p, a_p), cols, swap = self._delta_w(fed, aggregate, party, layer)
+            (b_p, a_p), cols, swap = self._delta_w(aggregate, decrypted, layer)
             b_hat, a_hat = lora.reparameterize((b_p[:, :rank], a_p[:rank]), cols, swap, rank)
-            b_full, a_full = np.zeros((self.m, self.r_max)), np.zeros((self.r_max, self.n))
+            b_full, a_full = np.zeros((self.m[layer.a], self.r_max)), np.zeros((self.r_max, self.n))
             b_full[:, :rank], a_full[:rank] = b_hat, a_hat
             out[layer.b] = torch.from_numpy(b_full).float()
             out[layer.a] = torch.from_numpy(a_full).float()
@@ -271,6 +320,13 @@ class SheLoRA(Defense):
         aggregate, _ = self.last
         client.local = self._refactor(fed, aggregate, client.party, self.ranks[client.name])
 
+    def server_estimate(self, fed) -> dict[str, torch.Tensor]:
+        """The final adapters as the aggregation server can rebuild them from its own plaintext sums (the
+        paper's "unencrypted parameters", table 14's masked model): encrypted columns of Delta W as 0."""
+        if not hasattr(self, "last"):
+            return {}
+        return self._refactor(fed, self.last[0], None, self.r_max)
+
     # -- measurements --------------------------------------------------------------------------------
     def run_metrics(self, fed) -> dict:
         per_type = {t: {"upload_bytes": float(np.mean([c[0] for c in v])), "cipher_bytes": float(np.mean([c[1] for c in v])),
@@ -280,18 +336,19 @@ class SheLoRA(Defense):
         if hasattr(self, "last") and fed.data.task == "causal-lm":     # table 14 is about language modelling
             aggregate, party = self.last
             out["perplexity_true"] = self._perplexity(fed, self.delta_w(fed, aggregate, party))
-            out["perplexity_masked"] = self._perplexity(fed, self.delta_w(fed, aggregate, party, masked=True))
+            out["perplexity_masked"] = self._perplexity(fed, self.delta_w(fed, aggregate, None))
         return out
 
-    def delta_w(self, fed, aggregate: Payload, party, masked: bool = False) -> dict:
+    def delta_w(self, fed, aggregate: Payload, party) -> dict:
         """The aggregated Delta W of every layer in original column order, as a key holder decrypts it;
-        masked: only the plaintext part, what the aggregation server can use (encrypted columns as 0)."""
+        party None: only the plaintext part, what the aggregation server can use (encrypted columns as 0)."""
         out = {}
+        decrypted = self._decrypted(fed, aggregate, party)
         for layer in self.layers:
-            (b_p, a_p), cols, swap = self._delta_w(fed, aggregate, party, layer)
-            w = np.zeros((self.m, self.n))
+            (b_p, a_p), cols, swap = self._delta_w(aggregate, decrypted, layer)
+            w = np.zeros((self.m[layer.a], self.n))
             w[:, : a_p.shape[1]] = b_p @ a_p
-            if not masked and cols.shape[1]:
+            if cols.shape[1]:
                 w[:, self.n - cols.shape[1]:] += cols
             out[layer] = np.zeros_like(w)
             out[layer][:, swap] = w
@@ -306,7 +363,8 @@ class SheLoRA(Defense):
             for layer, w in delta.items():
                 mod = modules[layer.module]
                 state[layer.b].zero_()
-                mod.base_layer.weight += float(mod.scaling["default"]) * torch.from_numpy(w.T).float()
+                step = torch.from_numpy(w).float()   # m x n = nn.Linear's (out, in); GPT-2's Conv1D stores (in, out)
+                mod.base_layer.weight += float(mod.scaling["default"]) * (step.T if mod.fan_in_fan_out else step)
         return float(fed.task.evaluate(model, fed.data.test_x, fed.data.test_y)["perplexity"])
 
 
