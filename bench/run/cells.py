@@ -85,8 +85,8 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     attack_time, thumb = 0.0, None
     read: set[str] = set()
     # canary trials (a run's uploads are all trials or none): scored together, one label each; read off the
-    # first upload so that spilled uploads are not loaded from disk an extra time
-    trials = run.targets[0].truth.trial
+    # first upload so that spilled uploads are not loaded from disk an extra time (no upload: vacuously trials)
+    trials = len(run.targets) == 0 or run.targets[0].truth.trial
     pooled: list[tuple[Reconstruction, Any]] = []
     recs: list[Reconstruction] = []
     for i, target in enumerate(run.targets):
