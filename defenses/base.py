@@ -16,6 +16,7 @@ class Base(Defense):
     key_topology = "none"
     reference_row = True
     decodes_weighted_sum = False   # nothing is sent, the decoded update is zero
+    trains = False                 # so the clients' local training is skipped
 
     def encode(self, fed, client, update, weight) -> Payload:
         return Payload()

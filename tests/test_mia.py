@@ -242,6 +242,19 @@ def test_full_he_blocks_model_attacks_and_base_is_chance():
     assert abs(records["base", "mia-loss"]["metrics"]["mia_auroc"] - 0.5) < 0.15
 
 
+def test_base_row_skips_local_training_and_keeps_the_built_model(monkeypatch):
+    """A defense that sends and applies nothing (trains = False) costs no local training."""
+    from bench.federation import engine
+    from bench.run.cells import run_group
+    suite = _mia_suite(["base"], ["mia-loss"])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("local_update ran for a defense that discards its result")
+    monkeypatch.setattr(engine, "local_update", refuse)
+    (record,) = run_group([suite.cells[0]], None)
+    assert record["status"] == "ok", record["reason"]
+
+
 def test_infinite_scores_keep_their_rank_and_all_nan_is_unavailable():
     labels = np.array([1, 1, 0, 0])
     assert mm.auroc(np.array([0.0, 1.0, -np.inf, -2.0]), labels) == pytest.approx(1.0)

@@ -117,9 +117,11 @@ def _sample(fed: Federation, round: int) -> list[Client]:
     return [fed.clients[i] for i in sorted(chosen)]
 
 
-def _train(fed: Federation, sampled: list[Client], round: int, canary: Canary | None) -> dict[str, list[tuple]]:
+def _train(fed: Federation, sampled: list[Client], round: int, canary: Canary | None,
+           trains: bool = True) -> dict[str, list[tuple]]:
     """Each sampled client's update(s): (x, y, update, attacked, canary in the trial or None); the attacked
-    client's are FedSGD batches, canary trials where the scenario runs them (bench/federation/canary.py)."""
+    client's are FedSGD batches, canary trials where the scenario runs them (bench/federation/canary.py).
+    With `trains` False (a defense that sends and applies nothing) every update is zero, untrained."""
     sc = fed.scenario
     trained: dict[str, list[tuple]] = {}
     for client in sampled:
@@ -136,7 +138,8 @@ def _train(fed: Federation, sampled: list[Client], round: int, canary: Canary | 
                     x, y = trial_batch(canary, x, y, included)
             else:
                 x, y, mode = client.x, client.y, "delta"
-            update = local_update(fed, client, x, y, mode, gen)
+            update = local_update(fed, client, x, y, mode, gen) if trains else \
+                {n: torch.zeros(shape) for n, shape in fed.shapes.items()}
             if included is not None:
                 update = trial_update(canary, update, included)
             require_finite(update, round, f"{client.name}'s update")
@@ -211,7 +214,7 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         if r == scenario.attack_round:
             knowledge = replace(server_view_knowledge(fed, known, defense), canary=canary)
         try:
-            trained = _train(fed, sampled, r, canary)
+            trained = _train(fed, sampled, r, canary, defense.trains)
             defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
             uploads = _upload(fed, defense, sampled, trained, knowledge, targets)
             _aggregate(fed, defense, sampled, uploads, known)

@@ -48,7 +48,7 @@ def check_defense(obj: Any) -> str | None:
         return fault
     if obj.key_topology not in KEY_TOPOLOGIES:
         return f"{obj.__name__}.key_topology is {obj.key_topology!r}; set one of {', '.join(KEY_TOPOLOGIES)}"
-    for flag in ("decodes_weighted_sum", "uploads_weights", "reference_row"):
+    for flag in ("decodes_weighted_sum", "uploads_weights", "reference_row", "trains"):
         if not isinstance(getattr(obj, flag), bool):
             return f"{obj.__name__}.{flag} is {getattr(obj, flag)!r}; set True or False"
     if not any(getattr(obj, h) is not getattr(Defense, h) for h in UPLOAD_HOOKS) and not vars(obj).get("reference_row"):

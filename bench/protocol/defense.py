@@ -43,6 +43,9 @@ class Defense(Configurable):
     # True for a row to compare against that protects nothing on purpose (plaintext, the untrained model);
     # a defense class that changes no upload hook (encode, adapt_model) must declare this to be registered
     reference_row: ClassVar[bool] = False
+    # False when nothing a client trains is ever sent or applied (the untrained model's row): the engine then
+    # skips local training and hands encode a zero update instead of spending the run's time on discarded work
+    trains: ClassVar[bool] = True
 
     # -- hooks ---------------------------------------------------------------------------------
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
