@@ -21,6 +21,7 @@ included) and is checked against the full forward (`layer_inputs`) in the tests.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -117,6 +118,17 @@ class Arch:
         the search's pre-test (attacks/dager_decoder.py bounds the error); returned as float32."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
             return self.layout.next_layer2_inputs(keys, values, step, chunk, coarse=True).float()
+
+    def layer2_distances(self, keys: torch.Tensor, values: torch.Tensor, step: tuple[torch.Tensor, ...],
+                         distance: Callable[[torch.Tensor], torch.Tensor], coarse: bool = False,
+                         chunk: int = 4096) -> torch.Tensor:
+        """distance() (n, k) of the layer-2 inputs next_layer2_inputs (or, coarse, coarse_layer2_inputs) gives,
+        taken a block of about `chunk` (prefix, candidate) pairs at a time: the (n, k, d) grid of a late step
+        (thousands of prefixes by thousands of candidates) would not fit in memory whole."""
+        inputs = self.coarse_layer2_inputs if coarse else self.next_layer2_inputs
+        per = max(1, chunk // max(1, len(step[0])))
+        return torch.cat([distance(inputs(keys[s:s + per], values[s:s + per], step, chunk))
+                          for s in range(0, max(1, len(keys)), per)])
 
     @torch.no_grad()
     def pair_layer2_inputs(self, keys: torch.Tensor, values: torch.Tensor, step: tuple[torch.Tensor, ...],

@@ -16,7 +16,7 @@ Two things make it cheaper without changing a sentence:
   fall-backs, and assemble() reads fall-backs only when fewer than B distinct exact sentences
   come out. The search runs without fall-backs first and reruns with them only then.
 - Each step's (prefix, candidate) pairs first go through block 0 with its matrix products in
-  bfloat16 (Arch.coarse_layer2_inputs); only pairs within l2 + MARGIN of the span there get the
+  bfloat16 (Arch.coarse_layer2_inputs, a block of pairs at a time); only pairs within l2 + MARGIN of the span there get the
   float32 pass that decides. Fall-backs are ranked by float32 means computed in order of their
   lower bound (bfloat16 distance - MARGIN) until the B best distinct ones are settled.
 
@@ -93,13 +93,13 @@ class _Search:
             step = arch.token_kv(cand, p)
             parent = torch.arange(n, device=dev).repeat_interleave(kc)
             child = torch.arange(kc, device=dev).repeat(n)
-            coarse = self.span.distance(arch.coarse_layer2_inputs(keys, values, step)).flatten()
+            coarse = arch.layer2_distances(keys, values, step, self.span.distance, coarse=True).flatten()
             self._count("coarse" if not fallbacks else "coarse_fallbacks", p, n * kc)
             dist = torch.full_like(coarse, float("inf"))     # float32 distance where computed
             check = torch.nonzero(good[parent] & (coarse < l2 + MARGIN)).flatten()
             self._exact(dist, check, keys, values, step, parent, child, p)
             if len(check) and float((coarse[check] - dist[check]).abs().max()) > MARGIN / 2:
-                dist = self.span.distance(arch.next_layer2_inputs(keys, values, step)).flatten()   # untrusted:
+                dist = arch.layer2_distances(keys, values, step, self.span.distance).flatten()   # untrusted:
                 coarse = dist                                                                      # all float32
                 self._count("untrusted", p, n * kc)
             ok = (dist < l2) & good[parent]
