@@ -7,7 +7,8 @@
     scenario = "..."             # optional filters on the stored records, as in [[figures]]
     defense = "plaintext"
     attack = "ilrg"
-    where = { ratio = 0.1 }      # optional filter on metrics or parameters
+    where = { ratio = 0.1 }      # optional filter on metrics or parameters; a list of values gives one
+                                 # row per value (the same reported number beside each, e.g. per attack path)
     baseline = { defense = "fedhe-full" }   # optional: compare the ratio baseline / this row instead
     note = "..."                 # optional
 
@@ -18,6 +19,7 @@ metric's unit and format from the records' schema, or "x" with one decimal for a
 """
 from __future__ import annotations
 
+from itertools import product
 from typing import Any
 
 from leaderboards.figures import lookup
@@ -58,10 +60,17 @@ def _where(spec: dict[str, Any]) -> str:
     return (where + "".join(f", {k}={v}" for k, v in spec.get("where", {}).items())).strip(", ")
 
 
+def _each_where(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spec once per combination of its list-valued `where` entries."""
+    where = spec.get("where", {})
+    choices = [v if isinstance(v, list) else [v] for v in where.values()]
+    return [{**spec, "where": dict(zip(where, combo))} for combo in product(*choices)] if where else [spec]
+
+
 def paper_rows(specs: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     schema = schema_of(records)
     rows = []
-    for spec in specs:
+    for spec in (one for given in specs for one in _each_where(given)):
         lo, hi = _reported(spec["reported"]) or (float("nan"), float("nan"))
         values = _matching(spec, records)
         ours = sum(values) / len(values) if values else None

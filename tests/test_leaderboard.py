@@ -197,6 +197,14 @@ def test_paper_rows_take_ranges_and_ratios_in_one_precision():
     assert rows[1]["reported"] == "40.00" and rows[1]["ours"] == "30.00" and rows[1]["ratio"] == 0.75
 
 
+def test_a_list_in_a_paper_where_gives_one_row_per_value():
+    records = [rec("d", "x", psnr=10.0) | {"attack_params": {"path": "a"}},
+               rec("d", "x", psnr=20.0) | {"attack_params": {"path": "b"}}]
+    rows = paper_rows([{"metric": "psnr", "reported": 20, "defense": "d", "where": {"path": ["a", "b"]}}], records)
+    assert [(r["where"], r["ours"], r["ratio"]) for r in rows] == [("defense=d, path=a", "10.00", 0.5),
+                                                                   ("defense=d, path=b", "20.00", 1.0)]
+
+
 def test_compute_summary_counts_each_run_once_and_names_the_machine():
     from leaderboards.render import compute_summary
     env = {"platform": "Linux-x", "cpus": 2, "device": "cpu"}
