@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--only", metavar="PATTERN", default=None,
                      help="run only cells whose label scenario/defense/attack matches (glob, or a substring)")
     run.add_argument("--dry-run", action="store_true", help="list the selected cells and whether each would run")
+    run.add_argument("--reuse", metavar="DIR", action="append", default=[],
+                     help="another output directory (store or results.json) whose finished cells computed by this "
+                          "code are copied instead of recomputed: suites sharing a scenario compute it once "
+                          "(repeatable)")
     lb = sub.add_parser("leaderboard", help="render the leaderboard of every suite in the store in --out")
     lb.add_argument("--out", default=DEFAULT_OUT)
     site = sub.add_parser("site", help="re-render every suite directory under ROOT from its results.json (no "
@@ -101,9 +105,16 @@ def _run(args) -> int:
     check_suite_data(suite, args.data_root)
     preflight(suite, args.data_root)
     check_out(args.out)
+    for source in args.reuse:
+        if not (Path(source) / "leakbench.sqlite").is_file() and not (Path(source) / "results.json").is_file():
+            raise ValueError(f"--reuse '{source}' holds neither leakbench.sqlite nor results.json; pass an output "
+                             "directory of `leakbench run`")
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
                         force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,
-                        ray_address=args.ray_address)
+                        ray_address=args.ray_address, reuse=args.reuse)
+    if summary.seeded or summary.reused:
+        print(f"suite {suite.name}: {summary.seeded} cell(s) seeded from {args.out}/results.json, "
+              f"{summary.reused} copied from --reuse")
     if args.dry_run:
         for label, state in summary.plan:
             print(f"{'skip (done)' if state == 'done' else 'run (' + state + ')':14s} {label}")

@@ -106,3 +106,53 @@ def test_code_fingerprint_covers_every_result_package(tmp_path):
         changed = code_fingerprint(str(tmp_path))
         assert changed != previous, package
         previous = changed
+
+
+def _export(out):
+    from leaderboards.render import write_outputs
+
+    store = Store(out / "leakbench.sqlite")
+    write_outputs(store, out)
+    store.close()
+    (out / "leakbench.sqlite").unlink()   # what a clone of a committed leaderboard holds: the export alone
+
+
+def test_a_committed_export_resumes_where_it_stands(tmp_path):
+    """A directory with results.json but no store is seeded from it: only the missing cell runs, and the
+    exported cell stays on the page with its numbers and fingerprint."""
+    first = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False})])
+    assert run_suite(first, tmp_path).ok == 1
+    _export(tmp_path)
+    before = {r["cell_id"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    grown = tiny_suite(["plaintext", "fedhe-full"], [("idlg", {"reconstruct": False})])
+    summary = run_suite(grown, tmp_path)
+    assert (summary.seeded, summary.skipped, summary.ok + summary.blocked) == (1, 1, 1)
+    store = Store(tmp_path / "leakbench.sqlite")
+    try:
+        records = {r["cell_id"]: r for r in store.records("tiny")}
+    finally:
+        store.close()
+    assert len(records) == 2
+    (cid, old), = before.items()
+    assert records[cid]["metrics"] == old["metrics"]
+    assert records[cid]["environment"]["fingerprint"] == old["environment"]["fingerprint"]
+
+
+def test_reuse_copies_cells_computed_by_this_code(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    suite = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False}), "random-guess"])
+    assert run_suite(suite, a).ok == 2
+    other = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False})], name="other")
+    plan = run_suite(other, b, reuse=[a], dry_run=True)
+    assert dict(plan.plan) == {"tiny/plaintext/idlg(reconstruct=False)": "done"} and plan.reused == 1
+    summary = run_suite(other, b, reuse=[a])
+    assert (summary.reused, summary.skipped, summary.ok) == (1, 1, 0)
+    monkeypatch.setattr(bench.run.version, "code_fingerprint", lambda: "0000changedcode")
+    c = tmp_path / "c"
+    summary = run_suite(other, c, reuse=[a])   # computed by other code: recomputed, not copied
+    assert (summary.reused, summary.ok) == (0, 1)
+
+
+def test_cli_refuses_a_reuse_directory_without_results(tmp_path, capsys):
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path)]) == 2
+    assert "--reuse" in capsys.readouterr().err

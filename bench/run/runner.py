@@ -13,6 +13,11 @@ runs into one --out compute it once.
 A stored cell is reused only when it finished and was computed by the same code (package
 version and the cell's fingerprint: the code's and the plugins' that compute it, bench/run/version.py); `force` recomputes everything selected,
 `only` selects cells by label pattern, `dry_run` reports what would run and runs nothing.
+
+An output directory holding an export (results.json, pages.json: a committed leaderboard) but no store is
+seeded from it first, so a run there resumes the leaderboard: only missing, failed or stale cells run. `reuse`
+names other output directories whose finished cells (same cell id, same fingerprint) are copied instead of
+computed: suites that share a scenario compute its cells once.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from bench.run.cells import failed
 from bench.run.executors import Job, check_options, make_executor
 from bench.run.leases import Claims, group_id, new_run_id
 from bench.run.spec import Cell, Suite
-from bench.run.store import Store
+from bench.run.store import FINISHED, Store
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class RunSummary:
     failures: tuple[tuple[str, str], ...] = ()       # (cell label, one-line reason)
     plan: tuple[tuple[str, str], ...] = ()           # dry run: (cell label, new | stale | done | forced)
     diverged: int = 0                                # the group's training diverged (an outcome, exit 0)
+    seeded: int = 0                                  # cells a new store took from the export beside it
+    reused: int = 0                                  # cells copied from another output directory (--reuse)
 
     @property
     def exit_code(self) -> int:
@@ -123,10 +130,51 @@ def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store,
             claims.release(grp)
 
 
+def exported(directory: Path) -> list[dict[str, Any]]:
+    """The records an output directory holds: its store's, else its export's (results.json), else none."""
+    from leaderboards.export import load_records
+
+    if (directory / "leakbench.sqlite").is_file():
+        store = Store(directory / "leakbench.sqlite")
+        try:
+            return store.records()
+        finally:
+            store.close()
+    return load_records(directory) if (directory / "results.json").is_file() else []
+
+
+def _seed(store: Store, out: Path) -> int:
+    """Seed a new store from the export beside it (results.json and pages.json), if there is one."""
+    import json
+
+    from leaderboards.export import load_records
+
+    if not (out / "results.json").is_file():
+        return 0
+    pages = out / "pages.json"
+    infos = json.loads(pages.read_text()) if pages.is_file() else {}
+    return store.seed(load_records(out), infos)
+
+
+def reusable(store: Store, cells: list[Cell], fingerprints: dict[str, str],
+             sources: list[Path]) -> dict[str, dict[str, Any]]:
+    """The finished records other output directories hold for cells this store lacks, computed by the same code
+    (cell id and fingerprint match), by cell id."""
+    wanted = {c.cell_id for c in cells if not store.finished(c.cell_id, fingerprints[c.cell_id])}
+    found: dict[str, dict[str, Any]] = {}
+    for source in sources:
+        for rec in exported(source):
+            cid = rec["cell_id"]
+            if cid in wanted and cid not in found and rec["status"] in FINISHED and \
+                    (rec.get("environment") or {}).get("fingerprint") == fingerprints[cid]:
+                found[cid] = rec
+    return found
+
+
 def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, workers: int | None = None,
               progress: Callable[..., Any] | None = None, force: bool = False, only: str | None = None,
               dry_run: bool = False, poll_s: float = 1.0, executor: str | Any | None = None,
-              ray_address: str | None = None) -> RunSummary:
+              ray_address: str | None = None, reuse: list[str | Path] = ()) -> RunSummary:
     """Run every group with a selected cell missing or stale, whole (its cells then share one federated
     run), each group claimed in the store so that concurrent runs into one --out compute it once.
 
@@ -149,17 +197,25 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     if own:
         check_options(executor, workers, ray_address)
     out = Path(out_dir)
+    fresh = not (out / "leakbench.sqlite").exists()
     store = Store(out / "leakbench.sqlite")
+    seeded = _seed(store, out) if fresh else 0
     chosen = [c for c in suite.cells if selected(c, only)]
     fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
-    states = {c.cell_id: ("forced" if force else store.state(c.cell_id, fingerprints[c.cell_id])) for c in chosen}
+    copies = {} if force else reusable(store, chosen, fingerprints, [Path(r) for r in reuse])
+    if not dry_run:
+        for rec in copies.values():
+            store.put(rec)
+    reused = len(copies)
+    states = {c.cell_id: "forced" if force else "done" if c.cell_id in copies else
+              store.state(c.cell_id, fingerprints[c.cell_id]) for c in chosen}
     pending = [g for g in _group(chosen) if any(states[c.cell_id] != "done" for c in g)]
     stale = sum(states[c.cell_id] == "stale" for g in pending for c in g)
     skipped = len(chosen) - sum(len(g) for g in pending)
     if dry_run:
         store.close()
         rerun = {c.cell_id for g in pending for c in g}   # a done cell of a pending group reruns with it
-        return RunSummary(0, 0, 0, skipped, stale, plan=tuple(
+        return RunSummary(0, 0, 0, skipped, stale, seeded=seeded, reused=reused, plan=tuple(
             (c.label, "group" if states[c.cell_id] == "done" and c.cell_id in rerun else states[c.cell_id])
             for c in chosen))
     try:   # started only when there is work: a local Ray costs seconds
@@ -190,7 +246,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         if own and pool is not None:
             pool.close()
     return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"], stale, tuple(failures),
-                      diverged=counts["diverged"])
+                      diverged=counts["diverged"], seeded=seeded, reused=reused)
 
 
 __all__ = ["run_suite", "RunSummary", "selected"]

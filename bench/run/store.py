@@ -123,6 +123,22 @@ class Store:
             self._db.execute(f"INSERT OR REPLACE INTO cells ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                              values)
 
+    def seed(self, records: list[dict[str, Any]], infos: dict[str, dict[str, Any]]) -> int:
+        """Add exported records (a results.json) that this store lacks, each suite's membership in the exported
+        order and its page info: a committed leaderboard resumes where it stands. A stored cell is never replaced
+        by an export. Returns how many cells were added."""
+        added = 0
+        for rec in records:
+            if self._db.execute("SELECT 1 FROM cells WHERE cell_id=?", (rec["cell_id"],)).fetchone() is None:
+                self.put(rec)
+                added += 1
+            if rec.get("suite"):
+                self.add_member(rec["suite"], rec["cell_id"])
+        for suite, info in infos.items():
+            if info and suite in self.suites():
+                self.set_info(suite, info)
+        return added
+
     def records(self, suite: str | None = None) -> list[dict[str, Any]]:
         """Stored cells (of one suite, or all with their suites), in a deterministic order."""
         query = ("SELECT m.suite, c.* FROM membership m JOIN cells c USING (cell_id)"
