@@ -6,7 +6,7 @@ import json
 from bench.cli import main
 from bench.registry import ATTACKS, METRICS
 from leaderboards.export import compare, load_frame
-from leaderboards.formats import human_bytes, human_seconds
+from leaderboards.formats import human_bytes, human_seconds, number
 from leaderboards.overview import overview
 from leaderboards.paper import paper_rows
 from leaderboards.plots import pareto
@@ -225,3 +225,9 @@ def test_a_record_a_page_cannot_show_stays_in_the_results(tmp_path, capsys):
     assert "predates metric schema snapshots" in capsys.readouterr().err
     stored = json.loads((tmp_path / "results.json").read_text())
     assert sorted(r["defense"] for r in stored) == ["he", "plain"]
+
+
+def test_a_blown_up_value_reads_with_an_exponent():
+    assert number(360964506429440196608.0, "", "{:.1f}") == "3.61e+20"
+    assert number(-2.5e12, "", "{:.3f}") == "-2.5e+12"
+    assert number(44669.8, "", "{:.1f}") == "44669.8" and number(3.5e9, "B") == "3.50 GB"
