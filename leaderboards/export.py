@@ -15,6 +15,7 @@ from typing import Any
 VOLATILE_ENV = ("run_id",)   # which federated run computed a cell: in the store, kept out of exports so they repeat
 RECORD_KEYS = ("cell_id", "suite", "scenario", "defense", "defense_params", "attack", "attack_params", "status",
                "reason", "metrics", "details", "config", "environment")
+IDENTITY = ("cell_id", "suite", "scenario", "defense", "attack", "status", "metrics")   # what every record must hold
 
 
 def flat(rec: dict[str, Any]) -> dict[str, Any]:
@@ -44,13 +45,40 @@ def write_exports(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of results.json (or of an output directory's), checked: a file that is not an export is
+    reported in one line, never half read."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"no results at {path}; pass an output directory of `leakbench run` or its "
                                 "results.json")
-    return json.loads(path.read_text())
+    records = _json(path)
+    bad = "it is not a list of records" if not isinstance(records, list) else next(
+        (f"record {i} lacks {', '.join(k for k in IDENTITY if k not in r) if isinstance(r, dict) else 'everything'}"
+         for i, r in enumerate(records) if not isinstance(r, dict) or any(k not in r for k in IDENTITY)), None)
+    if bad:
+        raise ValueError(f"{path} is not a LeakBench export ({bad}); restore it from git or move it aside")
+    return records
+
+
+def load_pages(directory: str | Path) -> dict[str, dict[str, Any]]:
+    """pages.json of an output directory (each suite's page info), {} where there is none."""
+    path = Path(directory) / "pages.json"
+    if not path.is_file():
+        return {}
+    pages = _json(path)
+    if not isinstance(pages, dict) or not all(isinstance(v, dict) for v in pages.values()):
+        raise ValueError(f"{path} is not a LeakBench pages file (expected suite -> page info); restore it from git "
+                         "or move it aside")
+    return pages
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it from git or move it aside") from None
 
 
 def load_frame(path: str | Path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 SELF_UNITS = ("B", "s")   # values of these units carry their unit in the cell; headers omit it
+HUGE = 1e9                # from here on a value is written with three significant digits and an exponent
 
 
 def is_number(value: Any) -> bool:
@@ -62,6 +63,8 @@ def number(value: Any, unit: str = "", fmt: str = "{:.3f}") -> str:
         return human_bytes(value)
     if unit == "s":
         return human_seconds(value)
+    if is_number(value) and abs(value) >= HUGE:
+        return f"{value:.3g}"   # a blown-up value (a destroyed model's perplexity) as 3.61e+20, not 21 digits
     try:
         return fmt.format(value)
     except (ValueError, TypeError):

@@ -10,7 +10,7 @@ blocked wherever the defense met one.
 
 Utility cost: the largest drop of the scenario's utility metric (accuracy, else perplexity, else
 the first utility metric with a direction) below the best row of the same scenario; scenarios
-with one defense say nothing. HE cost: the largest homomorphic-encryption time per round
+with one defense (however many of its settings) say nothing. HE cost: the largest homomorphic-encryption time per round
 (encrypt + aggregate + decrypt) and that cell's upload size against the scenario's leanest.
 """
 from __future__ import annotations
@@ -77,8 +77,8 @@ def _utility(records: list[tuple[dict, dict]], schema) -> dict[tuple, dict[str, 
         for entry, rec in recs:
             if is_number(rec["metrics"].get(metric)):
                 runs.setdefault(defense_label(rec), (entry, rec))
-        if len(runs) < 2:
-            continue
+        if len({rec["defense"] for _, rec in runs.values()}) < 2:
+            continue   # one defense's own settings against each other: no cost of the defense
         higher = schema[metric].lower_is_better is False
         best = (max if higher else min)(r["metrics"][metric] for _, r in runs.values())
         for label, (entry, rec) in runs.items():

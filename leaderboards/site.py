@@ -10,11 +10,10 @@ built-in suite's TOML, so corrected notes reach the page), else from the directo
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
-from leaderboards.export import load_records
+from leaderboards.export import load_pages, load_records
 from leaderboards.overview import overview
 from leaderboards.render import band_rows, env, provenance, render
 from leaderboards.schema import described
@@ -25,10 +24,7 @@ Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info,
 def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[str, Any]:
     """The suite's current page info where the caller has it (a built-in suite's TOML), else pages.json."""
     info = current(suite) if current is not None else None
-    if info is not None:
-        return info
-    stored = directory / "pages.json"
-    return json.loads(stored.read_text()).get(suite, {}) if stored.is_file() else {}
+    return info if info is not None else load_pages(directory).get(suite, {})
 
 
 def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None) -> dict[str, Any]:

@@ -52,6 +52,24 @@ def test_pruned_search_returns_the_plain_searchs_sentences(data_root, model, par
         assert fast.extra["saturated"] == plain.extra["saturated"]
 
 
+def test_layer2_distances_in_small_blocks_change_no_sentence(data_root, monkeypatch):
+    """The layer-2 distances are taken a block of (prefix, candidate) pairs at a time (memory on a late step):
+    blocks of one prefix each give the plain search's sentences."""
+    from attacks.dager_arch import Arch
+
+    whole = Arch.layer2_distances
+    blocks = []
+
+    def small(self, keys, values, step, distance, coarse=False, chunk=4096):
+        blocks.append(len(keys))
+        return whole(self, keys, values, step, distance, coarse=coarse, chunk=1)
+
+    monkeypatch.setattr(Arch, "layer2_distances", small)
+    [target] = _targets(data_root, "gpt2", {"n_embd": 128, "n_head": 4, "train_embeddings": False}, 4, repeats=1)
+    fast, plain, _ = _both(target, 0)
+    assert fast.texts == plain.texts and max(blocks) > 1
+
+
 def test_saturated_span_vouches_for_no_sentence(data_root):
     """d = 64 with 8 sentences: the rank reaches the cap (64 - 20), so no sentence counts as exact."""
     [target] = _targets(data_root, "gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 8, repeats=1)
@@ -97,6 +115,9 @@ def test_a_batch_whose_first_tokens_all_fail_falls_back_as_the_plain_search_does
     arch = Arch(model.eval(), int(target.knowledge.tokenizer.pad_token_id))
     spans, *_ = attack._spans(target.view, target.knowledge, arch, state)
     tokens = [list(range(50, 60))] * 4
-    fast = decoder_search(arch, spans[1], tokens, 2, 0.0)
-    plain = reference_decoder_search(arch, spans[1], tokens, 2, 0.0)
-    assert fast == plain and not fast[0] and fast[1]
+    (exact, fallbacks) = decoder_search(arch, spans[1], tokens, 2, 0.0)
+    (plain_exact, plain_fallbacks) = reference_decoder_search(arch, spans[1], tokens, 2, 0.0)
+    assert exact == plain_exact == [] and fallbacks
+    assert [seq for seq, _ in fallbacks] == [seq for seq, _ in plain_fallbacks]
+    # the same distances, summed in another order by the two searches' float32 products (last digits differ)
+    assert [d for _, d in fallbacks] == pytest.approx([d for _, d in plain_fallbacks], rel=1e-5)

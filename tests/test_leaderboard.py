@@ -6,7 +6,7 @@ import json
 from bench.cli import main
 from bench.registry import ATTACKS, METRICS
 from leaderboards.export import compare, load_frame
-from leaderboards.formats import human_bytes, human_seconds
+from leaderboards.formats import human_bytes, human_seconds, number
 from leaderboards.overview import overview
 from leaderboards.paper import paper_rows
 from leaderboards.plots import pareto
@@ -188,6 +188,20 @@ def test_front_page_has_a_column_per_family_and_links_each_worst_case():
     assert rows["he"]["utility"]["drop"] > 0.049 and rows["he"]["he"]["seconds"] == 0.5
 
 
+def test_a_defenses_settings_against_each_other_are_no_utility_cost():
+    """A scenario that sweeps one defense's settings (a budget at a learning rate that wrecks the model) says
+    nothing about that defense's utility cost; beside another defense it does."""
+    sweep = [rec("sel", "kde", perplexity=4.5e4, suite="s", scenario="a"),
+             rec("sel", "kde", perplexity=3.6e20, suite="s", scenario="a")]
+    for budget, r in zip((0.1, 0.2), sweep):
+        r["defense_params"], r["cell_id"] = {"budget": budget}, f"sel-{budget}"
+    board = overview([{"name": "s", "records": sweep}])
+    assert board["rows"][0]["utility"] is None
+    beside = sweep + [rec("plain", "kde", perplexity=300.0, suite="s", scenario="a")]
+    rows = {r["name"]: r for r in overview([{"name": "s", "records": beside}])["rows"]}
+    assert rows["sel"]["utility"]["value"] == 3.6e20
+
+
 def test_paper_rows_take_ranges_and_ratios_in_one_precision():
     records = [rec("fast", "r", upload_bytes=100.0), rec("full", "r", upload_bytes=6570.0), rec("fast", "x", psnr=30.0)]
     rows = paper_rows([{"metric": "upload_bytes", "reported": [402, 748], "defense": "fast",
@@ -225,3 +239,9 @@ def test_a_record_a_page_cannot_show_stays_in_the_results(tmp_path, capsys):
     assert "predates metric schema snapshots" in capsys.readouterr().err
     stored = json.loads((tmp_path / "results.json").read_text())
     assert sorted(r["defense"] for r in stored) == ["he", "plain"]
+
+
+def test_a_blown_up_value_reads_with_an_exponent():
+    assert number(360964506429440196608.0, "", "{:.1f}") == "3.61e+20"
+    assert number(-2.5e12, "", "{:.3f}") == "-2.5e+12"
+    assert number(44669.8, "", "{:.1f}") == "44669.8" and number(3.5e9, "B") == "3.50 GB"

@@ -156,3 +156,13 @@ def test_reuse_copies_cells_computed_by_this_code(tmp_path, monkeypatch):
 def test_cli_refuses_a_reuse_directory_without_results(tmp_path, capsys):
     assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path)]) == 2
     assert "--reuse" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, fault", [("{not json", "not valid JSON"), ('{"a": 1}', "not a list of records"),
+                                         ('[{"cell_id": "x"}]', "record 0 lacks suite")])
+def test_a_broken_export_is_refused_before_anything_is_written(tmp_path, capsys, text, fault):
+    (tmp_path / "results.json").write_text(text)
+    assert main(["run", "smoke", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fault in err and "results.json" in err
+    assert not (tmp_path / "leakbench.sqlite").exists()

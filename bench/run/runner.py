@@ -32,6 +32,7 @@ from bench.run.executors import Job, check_options, make_executor
 from bench.run.leases import Claims, group_id, new_run_id
 from bench.run.spec import Cell, Suite
 from bench.run.store import FINISHED, Store
+from leaderboards.export import load_pages, load_records
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,6 @@ def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store,
 
 def exported(directory: Path) -> list[dict[str, Any]]:
     """The records an output directory holds: its store's, else its export's (results.json), else none."""
-    from leaderboards.export import load_records
-
     if (directory / "leakbench.sqlite").is_file():
         store = Store(directory / "leakbench.sqlite")
         try:
@@ -141,19 +140,6 @@ def exported(directory: Path) -> list[dict[str, Any]]:
         finally:
             store.close()
     return load_records(directory) if (directory / "results.json").is_file() else []
-
-
-def _seed(store: Store, out: Path) -> int:
-    """Seed a new store from the export beside it (results.json and pages.json), if there is one."""
-    import json
-
-    from leaderboards.export import load_records
-
-    if not (out / "results.json").is_file():
-        return 0
-    pages = out / "pages.json"
-    infos = json.loads(pages.read_text()) if pages.is_file() else {}
-    return store.seed(load_records(out), infos)
 
 
 def reusable(store: Store, cells: list[Cell], fingerprints: dict[str, str],
@@ -197,9 +183,11 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     if own:
         check_options(executor, workers, ray_address)
     out = Path(out_dir)
-    fresh = not (out / "leakbench.sqlite").exists()
+    export = None   # a new store beside an export is seeded from it; the export is read (and checked) first
+    if not (out / "leakbench.sqlite").exists() and (out / "results.json").is_file():
+        export = load_records(out), load_pages(out)
     store = Store(out / "leakbench.sqlite")
-    seeded = _seed(store, out) if fresh else 0
+    seeded = store.seed(*export) if export else 0
     chosen = [c for c in suite.cells if selected(c, only)]
     fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
     copies = {} if force else reusable(store, chosen, fingerprints, [Path(r) for r in reuse])

@@ -126,14 +126,15 @@ class Store:
     def seed(self, records: list[dict[str, Any]], infos: dict[str, dict[str, Any]]) -> int:
         """Add exported records (a results.json) that this store lacks, each suite's membership in the exported
         order and its page info: a committed leaderboard resumes where it stands. A stored cell is never replaced
-        by an export. Returns how many cells were added."""
+        by an export. Parts an export may leave out are empty: a cell without a fingerprint counts as stale.
+        Returns how many cells were added."""
         added = 0
         for rec in records:
             if self._db.execute("SELECT 1 FROM cells WHERE cell_id=?", (rec["cell_id"],)).fetchone() is None:
-                self.put(rec)
+                self.put({"defense_params": {}, "attack_params": {}, "reason": "", "details": {}, "config": {},
+                          "environment": {}} | rec)
                 added += 1
-            if rec.get("suite"):
-                self.add_member(rec["suite"], rec["cell_id"])
+            self.add_member(rec["suite"], rec["cell_id"])
         for suite, info in infos.items():
             if info and suite in self.suites():
                 self.set_info(suite, info)
