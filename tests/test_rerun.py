@@ -8,6 +8,7 @@ from bench.cli import main
 from bench.protocol.attack import Attack
 from bench.registry import ATTACKS
 from bench.run.runner import run_suite
+from bench.run.spec import load_suite
 from bench.run.store import Store
 from tests.conftest import tiny_suite
 
@@ -153,9 +154,13 @@ def test_reuse_copies_cells_computed_by_this_code(tmp_path, monkeypatch):
     assert (summary.reused, summary.ok) == (0, 1)
 
 
-def test_cli_refuses_a_reuse_directory_without_results(tmp_path, capsys):
-    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path)]) == 2
+def test_a_reuse_directory_without_results_is_refused_before_anything_is_written(tmp_path, capsys):
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "none")]) == 2
     assert "--reuse" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "leakbench.sqlite").exists()
+    with pytest.raises(ValueError, match="neither leakbench.sqlite nor results.json"):
+        run_suite(load_suite("smoke"), tmp_path / "p", reuse=[tmp_path / "none"])
+    assert not (tmp_path / "p" / "leakbench.sqlite").exists()
 
 
 @pytest.mark.parametrize("text, fault", [("{not json", "not valid JSON"), ('{"a": 1}', "not a list of records"),
