@@ -58,7 +58,7 @@ def test_cli_dry_run_runs_nothing(tmp_path, capsys):
     assert main(["run", "smoke", "--out", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "run (new)" in out and "digits-lenet-smoke/plaintext/idlg(steps=10)" in out and "nothing was run" in out
-    assert not (tmp_path / "index.html").exists()
+    assert not (tmp_path / "index.html").exists() and not (tmp_path / "leakbench.sqlite").exists()
 
 
 class _Broken(Attack):
@@ -126,6 +126,9 @@ def test_a_committed_export_resumes_where_it_stands(tmp_path):
     _export(tmp_path)
     before = {r["cell_id"]: r for r in json.loads((tmp_path / "results.json").read_text())}
     grown = tiny_suite(["plaintext", "fedhe-full"], [("idlg", {"reconstruct": False})])
+    plan = run_suite(grown, tmp_path, dry_run=True)
+    assert (plan.seeded, sorted(state for _, state in plan.plan)) == (1, ["done", "new"])
+    assert not (tmp_path / "leakbench.sqlite").exists()          # a dry run writes nothing
     summary = run_suite(grown, tmp_path)
     assert (summary.seeded, summary.skipped, summary.ok + summary.blocked) == (1, 1, 1)
     store = Store(tmp_path / "leakbench.sqlite")
