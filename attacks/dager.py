@@ -11,9 +11,11 @@ distinct 0.7, rank_cutoff 20).
 
 Saturation: once the rank reaches the cap, the span holds no room for every true input and
 its complement is too narrow to push false ones past `l2_span_thresh` (d = 768, B = 32: 20
-directions left; a batch with every sentence passing scored ROUGE-1 0.37). Such a batch is
-flagged `saturated`, its `exact` count is 0 (`passed_l2` keeps how many passed) and the
-metric saturated_fraction reports the share of batches flagged.
+directions left; a batch with every sentence passing scored ROUGE-1 0.37). The same holds when
+more than 20,000 prefixes pass layer 2 at one step: the decoder search stops there
+(`saturated_at`, attacks/dager_decoder.py). Such a batch is flagged `saturated`, its `exact`
+count is 0 (`passed_l2` keeps how many passed) and the metric saturated_fraction reports the
+share of batches flagged.
 
 Update to gradient: -update / (lr * local steps), exact for FedSGD; for FedAvg this is
 DAGER's pseudo-gradient (weight delta / (lr * epochs * minibatches)).
@@ -62,9 +64,10 @@ from bench.registry import ATTACKS
 LORA_PATHS = ("auto", "factor-a", "factor-b")
 
 
-@metric("saturated_fraction", "", None, "privacy", "fraction of attacked batches whose span rank reached the "
-        "cap (width - rank_cutoff): there the span no longer separates true from false sentences at layer 2, so "
-        "DAGER counts none of its sentences as exact", display="rank saturated")
+@metric("saturated_fraction", "", None, "privacy", "fraction of attacked batches where the span no longer "
+        "separates true from false sentences (its rank reached the cap, width - rank_cutoff, or more than 20,000 "
+        "prefixes passed layer 2 at one step), so DAGER counts none of their sentences as exact",
+        display="saturated")
 def saturated_fraction(ev: Evidence) -> float | None:
     extra = ev.reconstruction.extra if ev.reconstruction is not None else {}
     return float(extra["saturated"]) if "saturated" in extra else None
@@ -181,12 +184,15 @@ class Dager(Attack):
             tokens = noisy_layer1_tokens(arch, spans[0], max_len, drop, knowledge.batch_size, self.std_thresh)
             timings["layer1_s"] = time.perf_counter() - t
             exact, approx = noisy_decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.std_thresh)
+            stopped = None
         else:
             tokens, specials = layer1_tokens(arch, spans[0], self.l1, max_len, drop)
             timings["layer1_s"] = time.perf_counter() - t
             if arch.kind == "decoder":
-                exact, approx = decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.l2, self.distinct)
+                exact, approx, stopped = decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.l2,
+                                                        self.distinct)
             else:
+                stopped = None
                 ends = [p for p, hits in enumerate(specials) if tok.sep_token_id in hits and p > 1]
                 exact, approx = encoder_search(arch, spans[1], tokens, ends, tok.cls_token_id, tok.sep_token_id,
                                                knowledge.batch_size, self.max_combinations, self.distinct), []
@@ -194,7 +200,9 @@ class Dager(Attack):
         chosen, n_exact = assemble(exact, approx, knowledge.batch_size, self.l2, self.distinct)
         texts = [tok.decode(s, skip_special_tokens=True) for s in chosen]
         texts += [""] * (knowledge.batch_size - len(texts))
-        extra |= {"exact": 0 if saturated else n_exact, "passed_l2": n_exact,
+        saturated = saturated or stopped is not None
+        extra |= {"saturated": saturated, "saturated_at": stopped, "exact": 0 if saturated else n_exact,
+                  "passed_l2": n_exact,
                   "layer1_tokens": [len(t) for t in tokens]} | timings
         return Reconstruction(texts=texts, extra=extra)
 

@@ -11,6 +11,13 @@ the same candidates hold at every position, so the search stops once no exact pr
 and a prefix of one repeated token is not extended by that token: values carry no position
 there, so "t t t" passes wherever "t" does (the official code refuses the same after a BOS).
 
+Layer-2 saturation: when more than `max_prefixes` (20,000) extensions pass at one step, the layer-2
+test no longer tells sentences apart (a batch whose gradient span covers most of the input space lets
+nearly every extension through), so the search stops there and returns the prefixes it holds; the step
+is reported as `saturated_at` and DAGER flags the batch saturated, as it does at the rank cap. The
+official code has no such bound and would go on extending every passing prefix (on 2 cores, hours a
+batch at 64 tokens); the plain reference search in tests/ keeps the first 20,000 instead.
+
 Two things make it cheaper without changing a sentence:
 - The exact sentences depend only on prefixes whose every position passed, never on the
   fall-backs, and assemble() reads fall-backs only when fewer than B distinct exact sentences
@@ -42,16 +49,17 @@ MARGIN = 0.02
 
 def decoder_search(arch: Arch, span: Span, tokens: list[list[int]], batch_size: int, l2: float,
                    distinct: float = 0.7, max_prefixes: int = 20000,
-                   counts: dict | None = None) -> tuple[list[Sentence], list[Sentence]]:
-    """(finished sentences that passed every check, approximate fall-backs); `counts` (if given) collects
-    how many extensions each pass tested per position."""
+                   counts: dict | None = None) -> tuple[list[Sentence], list[Sentence], int | None]:
+    """(finished sentences that passed every check, approximate fall-backs, the position where more than
+    `max_prefixes` extensions passed and the search stopped, or None); `counts` (if given) collects how many
+    extensions each pass tested per position."""
     if not tokens or not tokens[0]:
-        return [], []
+        return [], [], None
     search = _Search(arch, span, tokens, batch_size, l2, distinct, max_prefixes, counts)
     exact, approx = search.run(fallbacks=False)
-    if len({tuple(s) for s, _ in exact}) >= batch_size:
-        return exact, approx
-    return search.run(fallbacks=True)
+    if len({tuple(s) for s, _ in exact}) < batch_size:
+        exact, approx = search.run(fallbacks=True)
+    return exact, approx, search.saturated_at
 
 
 class _Search:
@@ -60,6 +68,7 @@ class _Search:
         self.arch, self.span, self.tokens, self.b = arch, span, tokens, batch_size
         self.l2, self.distinct, self.max_prefixes = l2, distinct, max_prefixes
         self.counts = counts if counts is not None else {}
+        self.saturated_at: int | None = None   # the step where more than max_prefixes extensions passed
 
     def _count(self, key: str, p: int, n: int) -> None:
         per = self.counts.setdefault(key, [])
@@ -105,12 +114,15 @@ class _Search:
             ok = (dist < l2) & good[parent]
             if arch.position_free:   # "t t ... t" has t's own layer-2 input at every position: no evidence
                 ok &= ~(((prefixes == prefixes[:, :1]).all(1)[parent]) & (cand[child] == prefixes[parent, 0]))
+            if int(ok.sum()) > self.max_prefixes:   # the test no longer separates sentences: stop here
+                self.saturated_at = p if self.saturated_at is None else min(p, self.saturated_at)
+                break
             dead = ~ok.view(n, kc).any(1)
             for i in torch.nonzero(dead & good).flatten().tolist():
                 exact.append((prefixes[i].tolist(), float(total[i]) / p))
             sure += int((dead & good).sum())
             ext = lambda ids: torch.cat([prefixes[parent[ids]], cand[child[ids]].unsqueeze(1)], 1)   # noqa: E731
-            passing = torch.nonzero(ok).flatten()[:self.max_prefixes]
+            passing = torch.nonzero(ok).flatten()
             fall = passing[:0]
             if fallbacks and sure + len(passing) < b:
                 fall = self._fallbacks(torch.nonzero(~ok).flatten(), coarse, dist, total, keys, values, step, parent,

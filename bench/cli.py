@@ -105,16 +105,13 @@ def _run(args) -> int:
     check_suite_data(suite, args.data_root)
     preflight(suite, args.data_root)
     check_out(args.out)
-    for source in args.reuse:
-        if not (Path(source) / "leakbench.sqlite").is_file() and not (Path(source) / "results.json").is_file():
-            raise ValueError(f"--reuse '{source}' holds neither leakbench.sqlite nor results.json; pass an output "
-                             "directory of `leakbench run`")
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
                         force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,
                         ray_address=args.ray_address, reuse=args.reuse)
-    if summary.seeded or summary.reused:
-        print(f"suite {suite.name}: {summary.seeded} cell(s) seeded from {args.out}/results.json, "
-              f"{summary.reused} copied from --reuse")
+    if summary.seeded:
+        print(f"suite {suite.name}: {summary.seeded} cell(s) seeded from {args.out}/results.json")
+    if summary.reused:
+        print(f"suite {suite.name}: {summary.reused} cell(s) copied from --reuse")
     if args.dry_run:
         for label, state in summary.plan:
             print(f"{'skip (done)' if state == 'done' else 'run (' + state + ')':14s} {label}")

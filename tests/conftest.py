@@ -43,6 +43,14 @@ def data_root():
     return root
 
 
+def weighted_uploads(fed, defense, updates: dict, round: int = 0) -> list:
+    """Every client's upload of one round by hand, weighted by its share of the samples (as the engine does)."""
+    from bench.protocol.wire import Upload
+    total = sum(c.num_samples for c in fed.clients)
+    return [Upload(c.name, round, c.num_samples / total, defense.encode(fed, c, updates[c.name], c.num_samples / total))
+            for c in fed.clients]
+
+
 def fedsgd_update(model, x, y, lr: float):
     """(entries before, update) of one FedSGD step: -lr * grad for parameters, drift for BN buffers.
 

@@ -102,7 +102,7 @@ def reference_dager(counts: dict | None = None):
     """Within the block, the dager attack runs the reference search and layer-1 filter."""
     import attacks.dager as dager
     saved = dager.decoder_search, dager.layer1_tokens
-    dager.decoder_search = lambda *a, **k: reference_decoder_search(*a, counts=counts, **k)
+    dager.decoder_search = lambda *a, **k: (*reference_decoder_search(*a, counts=counts, **k), None)
     dager.layer1_tokens = reference_layer1_tokens
     try:
         yield

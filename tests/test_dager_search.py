@@ -115,9 +115,37 @@ def test_a_batch_whose_first_tokens_all_fail_falls_back_as_the_plain_search_does
     arch = Arch(model.eval(), int(target.knowledge.tokenizer.pad_token_id))
     spans, *_ = attack._spans(target.view, target.knowledge, arch, state)
     tokens = [list(range(50, 60))] * 4
-    (exact, fallbacks) = decoder_search(arch, spans[1], tokens, 2, 0.0)
+    (exact, fallbacks, stopped) = decoder_search(arch, spans[1], tokens, 2, 0.0)
     (plain_exact, plain_fallbacks) = reference_decoder_search(arch, spans[1], tokens, 2, 0.0)
-    assert exact == plain_exact == [] and fallbacks
+    assert exact == plain_exact == [] and fallbacks and stopped is None
     assert [seq for seq, _ in fallbacks] == [seq for seq, _ in plain_fallbacks]
     # the same distances, summed in another order by the two searches' float32 products (last digits differ)
     assert [d for _, d in fallbacks] == pytest.approx([d for _, d in plain_fallbacks], rel=1e-5)
+
+
+def test_a_step_where_too_many_prefixes_pass_layer2_stops_the_search_and_flags_the_batch(data_root, monkeypatch):
+    """l2 = 10 lets every extension through, as a span covering most of the input space does: with a cap of
+    3 prefixes the search stops at the first step past it, and the attack flags the batch saturated (0 exact)."""
+    import functools
+
+    import attacks.dager as dager
+    from attacks.dager_arch import Arch
+    from attacks.dager_decoder import decoder_search
+    [target] = _targets(data_root, "gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 2, repeats=1)
+    attack = ATTACKS.get("dager")()
+    model = target.knowledge.build_model()
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in target.knowledge.global_params.items():
+            state[name].copy_(value)
+    arch = Arch(model.eval(), int(target.knowledge.tokenizer.pad_token_id))
+    spans, *_ = attack._spans(target.view, target.knowledge, arch, state)
+    tokens = [[50, 51], [52, 53], [54, 55]]
+    exact, _, stopped = decoder_search(arch, spans[1], tokens, 2, 10.0, max_prefixes=3)
+    assert stopped == 1 and sorted(s for s, _ in exact) == [[50], [51]]     # 4 extensions passed step 1
+    assert decoder_search(arch, spans[1], tokens, 2, 10.0, max_prefixes=8)[2] is None   # 8 pass step 2
+    clean = attack.run(target.view, target.knowledge, 0)
+    assert not clean.extra["saturated"] and clean.extra["saturated_at"] is None and clean.extra["exact"] == 2
+    monkeypatch.setattr(dager, "decoder_search", functools.partial(decoder_search, max_prefixes=1))
+    out = attack.run(target.view, target.knowledge, 0)
+    assert out.extra["saturated"] and out.extra["saturated_at"] >= 1 and out.extra["exact"] == 0

@@ -16,12 +16,12 @@ from bench.models.losses import TASKS
 from bench.models.pretrain import pretrain
 from bench.protocol.evidence import metric, run_value
 from bench.protocol.view import hidden_leak_free
-from bench.protocol.wire import Upload
 from bench.registry import ATTACKS, METRICS
 from bench.run.cells import federate, run_group
 from bench.run.spec import parse_suite
 from defenses.dictpfl import DictPFL, FedHETop2, PrME, _svd_dictionary
 from metrics.images import score_images
+from tests.conftest import weighted_uploads
 
 if "pruned_fraction" not in METRICS:
     metric("pruned_fraction", "", None, "cost", "mean fraction of update entries left off the wire per round "
@@ -46,12 +46,10 @@ def _fed(defense, **kw):
 def _round(fed, defense, round):
     """One protocol round by hand: local deltas, uploads, HE sum, client-side decode."""
     fed.round = round
-    total = sum(c.num_samples for c in fed.clients)
     gen = torch.Generator().manual_seed(round)
     updates = {c.name: local_update(fed, c, c.x, c.y, "delta", gen) for c in fed.clients}
     defense.round_start(fed, round, fed.clients, updates)
-    uploads = [Upload(c.name, round, c.num_samples / total,
-                      defense.encode(fed, c, updates[c.name], c.num_samples / total)) for c in fed.clients]
+    uploads = weighted_uploads(fed, defense, updates, round)
     aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
     return defense.decode(fed, aggregate, defense.decoder(fed)), updates, uploads
 

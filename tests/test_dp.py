@@ -21,6 +21,7 @@ from bench.protocol.defense import Defense
 from bench.protocol.wire import CipherPart, Payload, Upload
 from bench.registry import DEFENSES, METRICS
 from defenses.dp import DPFedAvg, DPFedAvgLocal, clip_update
+from tests.conftest import weighted_uploads
 
 CLIP = 0.05   # below the attacked gradient's norm (~0.23), so clipping really happens
 
@@ -321,9 +322,7 @@ def test_dp_composes_exactly_or_refuses_at_load(inner, params, tmp_path, capsys)
     updates = {c.name: local_update(fed, c, c.x, c.y, "delta", torch.Generator().manual_seed(c.index))
                for c in fed.clients}
     dp.round_start(fed, 0, fed.clients, updates)
-    total = sum(c.num_samples for c in fed.clients)
-    uploads = [Upload(c.name, 0, c.num_samples / total, dp.encode(fed, c, updates[c.name], c.num_samples / total))
-               for c in fed.clients]
+    uploads = weighted_uploads(fed, dp, updates)
     decoded = dp.decode(fed, dp.aggregate(fed, uploads, fed.parties["server"]), dp.decoder(fed))
     clipped = [clip_update(updates[c.name], 0.05)[0] for c in fed.clients]
     for n in fed.names:

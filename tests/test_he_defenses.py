@@ -15,6 +15,7 @@ from bench.protocol.payloads import hybrid_payload
 from bench.protocol.view import ServerView, hidden_leak_free
 from bench.protocol.wire import Upload
 from bench.registry import DEFENSES
+from tests.conftest import weighted_uploads
 
 HE_DEFENSES = ["fedhe-full", "fedml-he", "maskcrypt", "selective"]
 
@@ -28,12 +29,10 @@ def _fed(num_clients=20, model="mlp", **kw):
 def _one_round(fed, defense):
     defense.setup(fed)
     clients = fed.clients
-    total = sum(c.num_samples for c in clients)
     gen = torch.Generator().manual_seed(0)
     updates = {c.name: local_update(fed, c, c.x, c.y, "delta", gen) for c in clients}
     defense.round_start(fed, 0, clients, updates)
-    uploads = [Upload(c.name, 0, c.num_samples / total, defense.encode(fed, c, updates[c.name], c.num_samples / total))
-               for c in clients]
+    uploads = weighted_uploads(fed, defense, updates)
     expected = {n: sum(u.weight * updates[u.sender][n] for u in uploads) for n in fed.names}
     aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
     return defense.decode(fed, aggregate, defense.decoder(fed)), expected, uploads

@@ -8,6 +8,7 @@ from bench.cli import main
 from bench.protocol.attack import Attack
 from bench.registry import ATTACKS
 from bench.run.runner import run_suite
+from bench.run.spec import load_suite
 from bench.run.store import Store
 from tests.conftest import tiny_suite
 
@@ -57,7 +58,7 @@ def test_cli_dry_run_runs_nothing(tmp_path, capsys):
     assert main(["run", "smoke", "--out", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "run (new)" in out and "digits-lenet-smoke/plaintext/idlg(steps=10)" in out and "nothing was run" in out
-    assert not (tmp_path / "index.html").exists()
+    assert not (tmp_path / "index.html").exists() and not (tmp_path / "leakbench.sqlite").exists()
 
 
 class _Broken(Attack):
@@ -125,6 +126,9 @@ def test_a_committed_export_resumes_where_it_stands(tmp_path):
     _export(tmp_path)
     before = {r["cell_id"]: r for r in json.loads((tmp_path / "results.json").read_text())}
     grown = tiny_suite(["plaintext", "fedhe-full"], [("idlg", {"reconstruct": False})])
+    plan = run_suite(grown, tmp_path, dry_run=True)
+    assert (plan.seeded, sorted(state for _, state in plan.plan)) == (1, ["done", "new"])
+    assert not (tmp_path / "leakbench.sqlite").exists()          # a dry run writes nothing
     summary = run_suite(grown, tmp_path)
     assert (summary.seeded, summary.skipped, summary.ok + summary.blocked) == (1, 1, 1)
     store = Store(tmp_path / "leakbench.sqlite")
@@ -153,9 +157,13 @@ def test_reuse_copies_cells_computed_by_this_code(tmp_path, monkeypatch):
     assert (summary.reused, summary.ok) == (0, 1)
 
 
-def test_cli_refuses_a_reuse_directory_without_results(tmp_path, capsys):
-    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path)]) == 2
+def test_a_reuse_directory_without_results_is_refused_before_anything_is_written(tmp_path, capsys):
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "none")]) == 2
     assert "--reuse" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "leakbench.sqlite").exists()
+    with pytest.raises(ValueError, match="neither leakbench.sqlite nor results.json"):
+        run_suite(load_suite("smoke"), tmp_path / "p", reuse=[tmp_path / "none"])
+    assert not (tmp_path / "p" / "leakbench.sqlite").exists()
 
 
 @pytest.mark.parametrize("text, fault", [("{not json", "not valid JSON"), ('{"a": 1}', "not a list of records"),

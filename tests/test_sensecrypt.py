@@ -16,11 +16,11 @@ from bench.federation.engine import build_federation, local_update, run_federati
 from bench.federation.scenario import Scenario
 from bench.protocol.evidence import metric, run_value
 from bench.protocol.view import ServerView, hidden_leak_free
-from bench.protocol.wire import Upload
 from bench.registry import DEFENSES, METRICS
 from defenses.sensecrypt import percluster
 from defenses.sensecrypt.profiles import budgets, device_profiles
 from defenses.sensecrypt.selection import histogram_mi, solve_mask
+from tests.conftest import tiny_suite, weighted_uploads
 
 KEY = 512
 SCHEMA = [  # name, lower_is_better, kind, timing
@@ -60,9 +60,7 @@ def one_round(sc, defense):
     gen = torch.Generator().manual_seed(0)
     updates = {c.name: local_update(fed, c, c.x, c.y, "delta", gen) for c in fed.clients}
     defense.round_start(fed, 0, fed.clients, updates)
-    total = sum(c.num_samples for c in fed.clients)
-    uploads = [Upload(c.name, 0, c.num_samples / total, defense.encode(fed, c, updates[c.name], c.num_samples / total))
-               for c in fed.clients]
+    uploads = weighted_uploads(fed, defense, updates)
     aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
     update = defense.decode(fed, aggregate, defense.decoder(fed))
     return fed, updates, uploads, update
@@ -232,7 +230,6 @@ def test_paillier_baselines_aggregate_exactly(name, params):
 
 def test_suite_cells_run_and_report_the_clustering_and_round_time():
     from bench.run.cells import run_group
-    from tests.conftest import tiny_suite
 
     for name, params in [("sensecrypt", {"key_bits": KEY}), ("sensecrypt-dp", {"key_bits": KEY, "dp_epsilon": 100.0}),
                          ("paillier-full", {"key_bits": KEY}), ("maskcrypt-paillier", {"key_bits": KEY})]:
@@ -281,9 +278,7 @@ def test_cluster_models_follow_plain_per_cluster_fedavg_over_several_rounds():
         trained = {c.name: plain_train(fed, reference[labels[c.index]], c, torch.Generator().manual_seed(r * 100 + c.index))
                    for c in fed.clients}
         defense.round_start(fed, r, fed.clients, updates)
-        total = sum(c.num_samples for c in fed.clients)
-        uploads = [Upload(c.name, r, c.num_samples / total,
-                          defense.encode(fed, c, updates[c.name], c.num_samples / total)) for c in fed.clients]
+        uploads = weighted_uploads(fed, defense, updates, r)
         update = defense.decode(fed, defense.aggregate(fed, uploads, fed.parties["server"]), defense.decoder(fed))
         current = fed.params()
         _set_entries(fed.model, {n: current[n] + update[n] for n in fed.names})
@@ -317,7 +312,6 @@ def test_one_client_clusters_merge_into_the_nearest():
 
 def test_no_cluster_of_one_and_the_record_keeps_the_client_list():
     from bench.run.cells import run_group
-    from tests.conftest import tiny_suite
 
     # one class per client, 5 clients: AP (seed 0) leaves one client in a cluster of its own
     suite = tiny_suite([("sensecrypt", {"key_bits": KEY, "ratio_cap": 0.05})], [("ilrg", {})], model="mlp-tiny",

@@ -9,9 +9,9 @@ from bench.federation.client_devices import Device
 from bench.federation.engine import build_federation, local_update
 from bench.federation.scenario import Scenario
 from bench.protocol.view import ServerView, hidden_leak_free
-from bench.protocol.wire import Upload
 from bench.registry import DEFENSES
 from defenses.shelora import lora, negotiation
+from tests.conftest import weighted_uploads
 
 RANKS, BUDGETS = (1, 2, 2, 3), (0.0, 0.1, 0.2, 0.3)   # n = 32 columns: k = 0, 3, 6, 9; sum of ranks = lora_r
 
@@ -38,9 +38,7 @@ def one_round(data, name="she-lora", **params):
     gen = torch.Generator().manual_seed(0)
     updates = {c.name: local_update(fed, c, c.x, c.y, "delta", gen) for c in fed.clients}
     defense.round_start(fed, 0, fed.clients, updates)
-    total = sum(c.num_samples for c in fed.clients)
-    uploads = [Upload(c.name, 0, c.num_samples / total, defense.encode(fed, c, updates[c.name], c.num_samples / total))
-               for c in fed.clients]
+    uploads = weighted_uploads(fed, defense, updates)
     trained = {c.name: defense._trained(fed, c, updates[c.name]) for c in fed.clients}
     aggregate = defense.aggregate(fed, uploads, fed.parties["server"])
     return fed, defense, uploads, trained, aggregate

@@ -132,24 +132,28 @@ def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store,
 
 
 def exported(directory: Path) -> list[dict[str, Any]]:
-    """The records an output directory holds: its store's, else its export's (results.json), else none."""
+    """The records an output directory holds: its store's, else its export's (results.json); a directory with
+    neither is refused in one line (ValueError)."""
     if (directory / "leakbench.sqlite").is_file():
         store = Store(directory / "leakbench.sqlite")
         try:
             return store.records()
         finally:
             store.close()
-    return load_records(directory) if (directory / "results.json").is_file() else []
+    if (directory / "results.json").is_file():
+        return load_records(directory)
+    raise ValueError(f"--reuse '{directory}' holds neither leakbench.sqlite nor results.json; pass an output "
+                     "directory of `leakbench run`")
 
 
 def reusable(store: Store, cells: list[Cell], fingerprints: dict[str, str],
-             sources: list[Path]) -> dict[str, dict[str, Any]]:
-    """The finished records other output directories hold for cells this store lacks, computed by the same code
-    (cell id and fingerprint match), by cell id."""
+             sources: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The finished records of other output directories (`exported`) for cells this store lacks, computed by the
+    same code (cell id and fingerprint match), by cell id."""
     wanted = {c.cell_id for c in cells if not store.finished(c.cell_id, fingerprints[c.cell_id])}
     found: dict[str, dict[str, Any]] = {}
-    for source in sources:
-        for rec in exported(source):
+    for records in sources:
+        for rec in records:
             cid = rec["cell_id"]
             if cid in wanted and cid not in found and rec["status"] in FINISHED and \
                     (rec.get("environment") or {}).get("fingerprint") == fingerprints[cid]:
@@ -183,14 +187,16 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     if own:
         check_options(executor, workers, ray_address)
     out = Path(out_dir)
-    export = None   # a new store beside an export is seeded from it; the export is read (and checked) first
+    export = None   # a new store beside an export is seeded from it; exports are read (and checked) first
     if not (out / "leakbench.sqlite").exists() and (out / "results.json").is_file():
         export = load_records(out), load_pages(out)
-    store = Store(out / "leakbench.sqlite")
+    sources = [] if force else [exported(Path(r)) for r in reuse]
+    path = out / "leakbench.sqlite"
+    store = Store(path if path.exists() or not dry_run else ":memory:")   # a dry run writes no store
     seeded = store.seed(*export) if export else 0
     chosen = [c for c in suite.cells if selected(c, only)]
     fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
-    copies = {} if force else reusable(store, chosen, fingerprints, [Path(r) for r in reuse])
+    copies = reusable(store, chosen, fingerprints, sources)
     if not dry_run:
         for rec in copies.values():
             store.put(rec)
