@@ -99,21 +99,26 @@ def test_committed_batches_are_recovered_sentence_for_sentence(data_root, scenar
         assert out.extra["saturated"] == (rec["details"]["attack_info"][i]["rank"] == 748)
 
 
-def test_a_batch_whose_first_tokens_all_fail_falls_back_as_the_plain_search_does(data_root):
-    """l2 = 0: no first token passes layer 2, so the exact pass has nothing to extend (a saturated B = 64 batch
-    reaches this); the search then keeps the closest failing tokens, as the plain search does from the start."""
+def _small_gpt2_spans(data_root):
+    """(target, Arch, layer spans) of one B = 2 upload of a 64-wide random-init GPT-2, as the attack builds them."""
     from attacks.dager_arch import Arch
-    from attacks.dager_decoder import decoder_search
-    from tests.dager_reference import reference_decoder_search
     [target] = _targets(data_root, "gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 2, repeats=1)
-    attack = ATTACKS.get("dager")()
     model = target.knowledge.build_model()
     state = dict(model.named_parameters()) | dict(model.named_buffers())
     with torch.no_grad():
         for name, value in target.knowledge.global_params.items():
             state[name].copy_(value)
     arch = Arch(model.eval(), int(target.knowledge.tokenizer.pad_token_id))
-    spans, *_ = attack._spans(target.view, target.knowledge, arch, state)
+    spans, *_ = ATTACKS.get("dager")()._spans(target.view, target.knowledge, arch, state)
+    return target, arch, spans
+
+
+def test_a_batch_whose_first_tokens_all_fail_falls_back_as_the_plain_search_does(data_root):
+    """l2 = 0: no first token passes layer 2, so the exact pass has nothing to extend (a saturated B = 64 batch
+    reaches this); the search then keeps the closest failing tokens, as the plain search does from the start."""
+    from attacks.dager_decoder import decoder_search
+    from tests.dager_reference import reference_decoder_search
+    _, arch, spans = _small_gpt2_spans(data_root)
     tokens = [list(range(50, 60))] * 4
     (exact, fallbacks, stopped) = decoder_search(arch, spans[1], tokens, 2, 0.0)
     (plain_exact, plain_fallbacks) = reference_decoder_search(arch, spans[1], tokens, 2, 0.0)
@@ -129,17 +134,9 @@ def test_a_step_where_too_many_prefixes_pass_layer2_stops_the_search_and_flags_t
     import functools
 
     import attacks.dager as dager
-    from attacks.dager_arch import Arch
     from attacks.dager_decoder import decoder_search
-    [target] = _targets(data_root, "gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 2, repeats=1)
+    target, arch, spans = _small_gpt2_spans(data_root)
     attack = ATTACKS.get("dager")()
-    model = target.knowledge.build_model()
-    state = dict(model.named_parameters()) | dict(model.named_buffers())
-    with torch.no_grad():
-        for name, value in target.knowledge.global_params.items():
-            state[name].copy_(value)
-    arch = Arch(model.eval(), int(target.knowledge.tokenizer.pad_token_id))
-    spans, *_ = attack._spans(target.view, target.knowledge, arch, state)
     tokens = [[50, 51], [52, 53], [54, 55]]
     exact, _, stopped = decoder_search(arch, spans[1], tokens, 2, 10.0, max_prefixes=3)
     assert stopped == 1 and sorted(s for s, _ in exact) == [[50], [51]]     # 4 extensions passed step 1
