@@ -180,11 +180,11 @@ class Dager(Attack):
         drop = arch.special_ids(tok)
         max_len = min(knowledge.input_shape[0], getattr(model, "max_positions", knowledge.input_shape[0]))
         t = time.perf_counter()
+        stopped = None   # the step where the decoder search stopped for layer-2 saturation
         if self.noise_filter:
             tokens = noisy_layer1_tokens(arch, spans[0], max_len, drop, knowledge.batch_size, self.std_thresh)
             timings["layer1_s"] = time.perf_counter() - t
             exact, approx = noisy_decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.std_thresh)
-            stopped = None
         else:
             tokens, specials = layer1_tokens(arch, spans[0], self.l1, max_len, drop)
             timings["layer1_s"] = time.perf_counter() - t
@@ -192,7 +192,6 @@ class Dager(Attack):
                 exact, approx, stopped = decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.l2,
                                                         self.distinct)
             else:
-                stopped = None
                 ends = [p for p, hits in enumerate(specials) if tok.sep_token_id in hits and p > 1]
                 exact, approx = encoder_search(arch, spans[1], tokens, ends, tok.cls_token_id, tok.sep_token_id,
                                                knowledge.batch_size, self.max_combinations, self.distinct), []

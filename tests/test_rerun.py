@@ -161,8 +161,9 @@ def test_a_reuse_directory_without_results_is_refused_before_anything_is_written
     assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "none")]) == 2
     assert "--reuse" in capsys.readouterr().err
     assert not (tmp_path / "o" / "leakbench.sqlite").exists()
-    with pytest.raises(ValueError, match="neither leakbench.sqlite nor results.json"):
-        run_suite(load_suite("smoke"), tmp_path / "p", reuse=[tmp_path / "none"])
+    for force in (False, True):   # --force copies nothing, but a wrong directory is still named
+        with pytest.raises(ValueError, match="neither leakbench.sqlite nor results.json"):
+            run_suite(load_suite("smoke"), tmp_path / "p", reuse=[tmp_path / "none"], force=force)
     assert not (tmp_path / "p" / "leakbench.sqlite").exists()
 
 

@@ -190,13 +190,13 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     export = None   # a new store beside an export is seeded from it; exports are read (and checked) first
     if not (out / "leakbench.sqlite").exists() and (out / "results.json").is_file():
         export = load_records(out), load_pages(out)
-    sources = [] if force else [exported(Path(r)) for r in reuse]
+    sources = [exported(Path(r)) for r in reuse]   # checked even when --force copies nothing
     path = out / "leakbench.sqlite"
     store = Store(path if path.exists() or not dry_run else ":memory:")   # a dry run writes no store
     seeded = store.seed(*export) if export else 0
     chosen = [c for c in suite.cells if selected(c, only)]
     fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
-    copies = reusable(store, chosen, fingerprints, sources)
+    copies = {} if force else reusable(store, chosen, fingerprints, sources)
     if not dry_run:
         for rec in copies.values():
             store.put(rec)
