@@ -103,7 +103,7 @@ def _run(args) -> int:
     suite = load_suite(args.suite)          # everything a cell could trip on fails here, before any write
     _refusals()                             # plugins the suite does not name: the run goes on without them
     check_suite_data(suite, args.data_root)
-    preflight(suite, args.data_root)
+    suite = preflight(suite, args.data_root)   # without the grid points a defense cannot apply to (shown n/a)
     check_out(args.out)
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
                         force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,
@@ -191,7 +191,26 @@ def builtin_page_info(suite: str) -> dict | None:
     if suite not in SUITES:
         return None
     loaded = load_suite(suite)
-    return loaded.page_info() | {"scenarios": {s.name: dataclasses.asdict(s) for s in loaded.scenarios}}
+    info = loaded.page_info() | {"scenarios": {s.name: dataclasses.asdict(s) for s in loaded.scenarios}}
+    del info["not_applicable"]   # known after the load-time checks only: the stored page info keeps the run's
+    info["chance"] = _chance(loaded)
+    return info
+
+
+def _chance(suite) -> dict[str, float]:
+    """Chance accuracy of each scenario on an image set whose classes are known without loading it."""
+    from bench.data.checks import DataError, check_dataset
+    from bench.data.loading import resolve_data_root
+
+    out = {}
+    for sc in suite.scenarios:
+        try:
+            classes = check_dataset(sc.dataset, resolve_data_root(None)).num_classes
+        except DataError:
+            continue   # data absent here: the page keeps what the run stored
+        if classes:
+            out[sc.name] = 1.0 / classes
+    return out
 
 
 def _compare(args) -> int:

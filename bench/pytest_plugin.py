@@ -32,10 +32,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "leakbench_cell" in metafunc.fixturenames:
-        from bench.run.spec import load_suite
-
-        suite = load_suite(metafunc.config.getoption("--leakbench-suite"))
+        suite = _suite(metafunc.config)
         metafunc.parametrize("leakbench_cell", suite.cells, ids=[cell_id(c) for c in suite.cells])
+
+
+def _suite(config: pytest.Config):
+    """The suite as `leakbench run` runs it: loaded, checked, without the grid points no defense applies to."""
+    from bench.run.preflight import preflight
+    from bench.run.spec import load_suite
+
+    return preflight(load_suite(config.getoption("--leakbench-suite")), config.getoption("--leakbench-data-root"))
 
 
 class CellRunner:
@@ -81,10 +87,8 @@ class CellRunner:
 
 @pytest.fixture(scope="session")
 def leakbench_runner(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CellRunner:
-    from bench.run.spec import load_suite
-
     out = request.config.getoption("--leakbench-out")
-    suite = load_suite(request.config.getoption("--leakbench-suite"))
+    suite = _suite(request.config)
     runner = CellRunner(Path(out) if out else tmp_path_factory.mktemp("leakbench"),
                         request.config.getoption("--leakbench-data-root"), suite)
     yield runner

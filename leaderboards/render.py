@@ -95,7 +95,7 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
     tables = []
     for scen in dict.fromkeys(r["scenario"] for r in records):
         recs = [r for r in records if r["scenario"] == scen]
-        table = scenario_table(recs)
+        table = scenario_table(recs, info)
         config = next((r["config"]["scenario"] for r in recs if (r.get("config") or {}).get("scenario")),
                       info.get("scenarios", {}).get(scen))
         recon = reconstructions(recs)
@@ -103,6 +103,7 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
         tables.append({"scenario": scen, "id": anchor(suite, scen), "config": config, "summary": _config(config),
                        **table, "plots": scenario_plots(table, recs, out, f"{suite}--{scen}"),
                        "reconstructions": recon, "unattacked": clear_not_attacked(recs),
+                       "not_applicable": (info.get("not_applicable") or {}).get(scen, {}),
                        "text_summary": (f"{sum(t['exact'] for t in texts)}/{sum(t['total'] for t in texts)} "
                                         "sentences exact") if texts else "",
                        "thumbs": sum(1 for r in recon if r["thumbnail"])})

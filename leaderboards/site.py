@@ -22,9 +22,13 @@ Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info,
 
 
 def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[str, Any]:
-    """The suite's current page info where the caller has it (a built-in suite's TOML), else pages.json."""
+    """The suite's current page info where the caller has it (a built-in suite's TOML) over what pages.json
+    stored (facts only a run knows, such as the grid points no defense applies to, stay as stored)."""
+    stored = load_pages(directory).get(suite, {})
     info = current(suite) if current is not None else None
-    return info if info is not None else load_pages(directory).get(suite, {})
+    if info is None:
+        return stored
+    return stored | {k: v for k, v in info.items() if v or k not in stored}   # an empty current fact keeps the run's
 
 
 def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None) -> dict[str, Any]:

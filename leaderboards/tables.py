@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leaderboards import cells as C
+from leaderboards.calibration import Calibration, calibrate
 from leaderboards.formats import SELF_UNITS, is_number
 from leaderboards.schema import family, schema_of
+from leaderboards.usefulness import useless
 from leaderboards.verdicts import BLOCKED, NONE, Verdict, band, worst
 
 FAMILY_ORDER = ("image", "text", "membership", "label", "")   # order of the strongest columns
@@ -37,6 +39,9 @@ HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "exact_match", "rouge2", "mia_aur
 LEAD = 4   # rank, defense, verdict, key topology: the columns before the metric columns
 OVERVIEW = 2   # worst-case metrics per attack family on the overview tab (the headline ones, HEADLINE order)
 RUN_TABS = (("privacy", "runpriv", "run-level privacy"), ("utility", "utility", "utility"), ("cost", "cost", "cost"))
+
+
+_OK = Calibration(True, "")
 
 
 def defense_label(rec: dict[str, Any]) -> str:
@@ -91,6 +96,7 @@ class Group:
     sources: dict[str, str] = field(default_factory=dict)
     kind: str = "attack"      # "strongest", "attack" or "run"
     tab_title: str = ""
+    nocal: str = ""           # an attack that fails on the undefended row: why its cells give no verdict
 
 
 def _column(m, group: str) -> Column:
@@ -102,8 +108,13 @@ def _attack_level(m) -> bool:
     return (m.per_target and m.kind == "privacy") if level is None else level
 
 
-def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
+def scenario_table(records: list[dict[str, Any]], info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`info`: the suite's page info (which rows are undefended or untrained, chance accuracy), from which the
+    attacks' calibration (leaderboards/calibration.py) and the rows' utility (leaderboards/usefulness.py) follow."""
+    info = info or {}
     schema = schema_of(records)
+    cal = calibrate(records, info, attack_label)
+    flat = useless(records, info, records[0]["scenario"], defense_label) if records else {}
     attacks = list(dict.fromkeys(attack_label(r) for r in records))
     first = {a: next(r for r in records if attack_label(r) == a) for a in attacks}
     families = {a: family(first[a]) for a in attacks}
@@ -159,8 +170,8 @@ def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
         for c in g.columns:
             c.index, c.tabs = index, g.tabs
             index += 1
-    rows = [_row(d, [r for r in records if defense_label(r) == d], all_groups, reported, families, schema, notes)
-            for d in dict.fromkeys(defense_label(r) for r in records)]
+    rows = [_row(d, [r for r in records if defense_label(r) == d], all_groups, reported, families, schema, notes,
+                 cal, flat.get(d, "")) for d in dict.fromkeys(defense_label(r) for r in records)]
     _rank(rows, strongest.columns[0] if strongest.columns else None)
     if sum(families[a] != "reference" for a in attacks) < 2:   # one attack: "by" would repeat its name in every cell
         for row in rows:
@@ -169,13 +180,17 @@ def scenario_table(records: list[dict[str, Any]]) -> dict[str, Any]:
     tabs = [("overview", "overview")] if any("overview" in g.tabs.split() for g in all_groups) else []
     tabs += [("worst", "worst case, every metric")] if more.columns else []
     tabs += [(g.tabs.split()[0], g.tab_title) for g in groups + run_groups] + [("all", "all columns")]
+    for g in groups:
+        if g.name in cal and not cal[g.name].ok:
+            g.nocal = cal[g.name].text
     return {"groups": all_groups, "rows": rows, "rank_key": strongest.columns[0].header if strongest.columns else "",
+            "calibration": [{"attack": a, "ok": c.ok, "why": c.why} for a, c in cal.items()], "no_utility": flat,
             "tabs": tabs, "default_tab": tabs[0][0], "notes": notes.items(),
             "dropped": [{"text": t, "attacks": a} for t, a in dropped.items()]}
 
 
 def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported, families, schema,
-         notes: C.Notes) -> dict[str, Any]:
+         notes: C.Notes, cal: dict[str, Calibration], no_utility: str) -> dict[str, Any]:
     by_attack = {attack_label(r): r for r in mine}
     run = next((r for r in mine if r["status"] == "ok"), next((r for r in mine if r["metrics"]), mine[0]))
     cells: list[dict[str, Any]] = []
@@ -184,7 +199,13 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
         if g.kind == "strongest":
             mine_cells = []
             for c in g.columns:
-                relevant = [r for r in mine if families.get(attack_label(r)) in reported.get(c.key, set())]
+                reporting = [r for r in mine if families.get(attack_label(r)) in reported.get(c.key, set())]
+                relevant = [r for r in reporting if cal.get(attack_label(r), _OK).ok]
+                if reporting and not relevant:   # every attack that could judge it fails on the undefended row
+                    why = "; ".join(dict.fromkeys(cal[attack_label(r)].text for r in reporting))
+                    mine_cells.append({"text": "no verdict", "sort": "", "cls": "uncal", "span": 1,
+                                       "note": notes.add(why), "title": why})
+                    continue
                 mine_cells.append(C.strongest_cell(c, schema[c.key], relevant, attack_label, notes))
                 judged += [band(c.key, r["metrics"].get(c.key), c.lower_is_better, r["details"])
                            for r in relevant if r["status"] == "ok"]
@@ -198,11 +219,14 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
             mine_cells = [{"text": "ok", "sort": "", "cls": "", "span": 1} if c.key == "status" else
                           C.value_cell(rec["metrics"].get(c.key), schema[c.key], rec, notes, c.key)
                           for c in g.columns]
+            if g.nocal:   # its values stand, greyed, but judge nothing
+                mine_cells = [{**cell, "cls": (cell["cls"] + " uncal").strip(), "title": g.nocal} for cell in mine_cells]
         cells += [{**cell, "tabs": g.tabs, "strongest": g.kind == "strongest"} for cell in mine_cells]
     name = mine[0]["defense"]
     return {"defense": dlabel, "name": name, "params": dlabel[len(name):], "sources": sources(mine[0], "defense"),
             "topology": run["details"].get("key_topology", ""),
             "colluders": run["details"].get("decrypts_single_upload", ""), "cells": cells, "records": mine,
+            "no_utility": no_utility,
             "verdict": _verdict([c for c in cells if c["strongest"]], judged)}
 
 
@@ -214,11 +238,14 @@ def _verdict(strongest: list[dict[str, Any]], judged: list) -> Verdict:
     verdict = worst(judged)
     if verdict is NONE and any(cell["cls"] == "diverged" for cell in strongest):
         return Verdict("", "diverged", "training became non-finite: no attack result to judge")
+    if verdict is NONE and any(cell["cls"] == "uncal" for cell in strongest):
+        return Verdict("", "no verdict", "no attack that ran here breaks the undefended row of this scenario")
     return verdict
 
 
 def _rank(rows: list[dict[str, Any]], key: Column | None) -> None:
-    """Order rows by the ranking key (least leakage first) and number them; ties share a rank."""
+    """Order rows by the ranking key (least leakage first) and number them; ties share a rank. A row without
+    utility (leaderboards/usefulness.py) ranks below every useful row, however little it leaks."""
     if key is None:
         for row in rows:
             row["rank"] = ""
@@ -227,13 +254,13 @@ def _rank(rows: list[dict[str, Any]], key: Column | None) -> None:
 
     def sort_value(row):
         v = row["cells"][key.index - LEAD]["sort"]  # the strongest group comes first and has no merged cells
-        return (0, sign * v) if is_number(v) else (1, 0)
+        return (bool(row["no_utility"]), 0, sign * v) if is_number(v) else (bool(row["no_utility"]), 1, 0)
 
     rows.sort(key=sort_value)
     previous, rank = None, 0
     for i, row in enumerate(rows, 1):
         value = sort_value(row)
-        if value[0] == 1:
+        if value[1] == 1:
             row["rank"] = ""
             continue
         if value != previous:

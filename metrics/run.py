@@ -7,6 +7,8 @@ _RUN = [
     # name, unit, lower_is_better, kind, description, fmt, timing
     ("accuracy", "", False, "utility", "test accuracy of the final global model", "{:.3f}", False),
     ("accuracy_personal", "", False, "utility", "mean test accuracy of the clients' personalized models", "{:.3f}", False),
+    ("test_samples", "", None, "utility", "test samples the accuracy was measured on", "{:.0f}", False),
+    ("chance_accuracy", "", None, "utility", "accuracy of a uniform guess (1 / classes)", "{:.3f}", False),
     ("lm_loss", "nats", True, "utility", "test next-token loss of the final global model", "{:.3f}", False),
     ("perplexity", "", True, "utility", "test perplexity of the final global model", "{:.1f}", False),
     ("epsilon", "", True, "privacy", "user-level DP epsilon at the scenario's delta (Opacus RDP, q = sampled/total clients)", "{:.2f}", False),

@@ -28,7 +28,7 @@ class ContractError(TypeError):
 
 # hook -> (positional arguments its caller passes, keyword arguments); the calls of bench/federation/engine.py,
 # bench/federation/budget.py, bench/run/cells.py and bench/run/preflight.py
-DEFENSE_HOOKS = {"adapt_model": (("model",), ()), "setup": (("fed",), ()),
+DEFENSE_HOOKS = {"applicable": (("setting",), ()), "adapt_model": (("model",), ()), "setup": (("fed",), ()),
                  "round_start": (("fed", "round", "clients", "updates"), ()),
                  "encode": (("fed", "client", "update", "weight"), ()),
                  "aggregate": (("fed", "uploads", "server"), ()), "decoder": (("fed",), ()),

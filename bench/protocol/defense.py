@@ -47,6 +47,12 @@ class Defense(Configurable):
     # skips local training and hands encode a zero update instead of spending the run's time on discarded work
     trains: ClassVar[bool] = True
 
+    def applicable(self, setting) -> str | None:
+        """Why this defense cannot apply to a scenario at all (e.g. it needs LoRA adapters the model lacks), or
+        None. Checked at suite load on the scenario's Setting (bench/protocol/attack.py): a suite's grid shows
+        such a cell as "n/a" with this reason instead of running it."""
+        return None
+
     # -- hooks ---------------------------------------------------------------------------------
     def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Reparameterize the (warm-started) model every party builds, e.g. into a frozen

@@ -8,16 +8,19 @@ import math
 from bench.data.checks import DataInfo, check_dataset
 from bench.data.loading import resolve_data_root
 from bench.protocol.contracts import returned_reason
-from bench.registry import ATTACKS
+from bench.registry import ATTACKS, DEFENSES
 from bench.run.cells import one_line
 from bench.run.spec import Suite
 
 
-def preflight(suite: Suite, data_root: str | None) -> None:
+def preflight(suite: Suite, data_root: str | None) -> Suite:
     """Load-time checks of every scenario, before any cell runs: its data loads, its model builds on it
     (parameter ranges, no sentence longer than the model's positions), its membership pool fits the
     held-out data, and each of its attacks can run there at all (Attack.applicable). A fault raises a
-    one-line DataError / SpecError; what is left to run time is what a defense decides."""
+    one-line DataError / SpecError; what is left to run time is what a defense decides. Returns the suite
+    without the grid points a defense cannot apply to (Defense.applicable), which it lists with their reasons
+    (the page shows them "n/a"), and with each classification scenario's chance accuracy."""
+    import dataclasses
     import json
 
     from bench.data.loading import load_dataset, resolve_data_root
@@ -28,6 +31,8 @@ def preflight(suite: Suite, data_root: str | None) -> None:
 
     root = resolve_data_root(data_root)
     models: dict[tuple, object] = {}   # one build per (data, model, parameters): a suite repeats them
+    not_applicable: dict[tuple[str, str], str] = {}
+    chance: dict[str, float] = {}
     for sc in suite.scenarios:
         attacks = list({c.attack.label: c.attack for c in suite.cells if c.scenario == sc}.values())
         data = load_dataset(sc.dataset, root, max_train=sc.max_train, max_test=sc.max_test, seed=sc.seed,
@@ -42,12 +47,26 @@ def preflight(suite: Suite, data_root: str | None) -> None:
                 check_membership(sc, len(data.test_y))
         except (TypeError, ValueError) as err:
             raise SpecError(f"scenario '{sc.name}': {one_line(err).split(': ', 1)[-1]}") from None
+        if facts.knowledge.task == "classification":
+            chance[sc.name] = 1.0 / facts.knowledge.num_classes
+        for component in {c.defense.label: c.defense for c in suite.cells if c.scenario == sc}.values():
+            defense = DEFENSES.get(component.name)(**component.params)
+            reason = returned_reason(defense, "applicable", defense.applicable(facts))
+            if reason is not None:
+                not_applicable[(sc.name, component.label)] = reason
         for component in attacks:
             attack = ATTACKS.get(component.name)(**component.params)
             reason = returned_reason(attack, "applicable", attack.applicable(facts))
             if reason is not None:
                 raise SpecError(f"scenario '{sc.name}': attack '{component.label}' cannot run in it: {reason}; "
                                 f"narrow the scenario's attacks (attacks = [...]) or change the scenario")
+    cells = tuple(c for c in suite.cells if (c.scenario.name, c.defense.label) not in not_applicable)
+    if not cells:
+        scenario, label = next(iter(not_applicable))
+        raise SpecError(f"suite '{suite.name}': no defense applies to any scenario ({label} in '{scenario}': "
+                        f"{not_applicable[(scenario, label)]}); change the scenarios or the defenses")
+    return dataclasses.replace(suite, cells=cells, chance=tuple(chance.items()), not_applicable=tuple(
+        (scenario, label, reason) for (scenario, label), reason in not_applicable.items()))
 
 
 def check_suite_data(suite, data_root) -> None:

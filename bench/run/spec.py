@@ -71,10 +71,24 @@ class Suite:
     notes: str = ""                       # shown on the suite's leaderboard page
     figures: tuple[dict, ...] = ()        # curves drawn from its records (leaderboards/figures.py)
     paper: tuple[dict, ...] = ()          # numbers a paper reports, shown beside ours (leaderboards/paper.py)
+    # (scenario, defense label, reason): grid points a defense cannot apply to (Defense.applicable), left out
+    not_applicable: tuple[tuple[str, str, str], ...] = ()
+    chance: tuple[tuple[str, float], ...] = ()   # (scenario, 1 / classes) where the task is classification
 
     def page_info(self) -> dict[str, Any]:
+        """What a page needs beside the records: the notes, and the facts verdicts are judged against (which rows
+        are undefended or untrained, the n/a grid points, chance accuracy)."""
+        from bench.registry import DEFENSES
+
+        names = sorted({c.defense.name for c in self.cells} | {d for _, d, _ in self.not_applicable})
+        role = {n: (DEFENSES.get(n).reference_row, DEFENSES.get(n).trains) for n in names if n in DEFENSES}
+        na: dict[str, dict[str, str]] = {}
+        for scenario, defense, reason in self.not_applicable:
+            na.setdefault(scenario, {})[defense] = reason
         return {"description": self.description, "notes": self.notes, "figures": list(self.figures),
-                "paper": list(self.paper)}
+                "paper": list(self.paper), "undefended": [n for n, (ref, trains) in role.items() if ref and trains],
+                "untrained": [n for n, (ref, trains) in role.items() if ref and not trains],
+                "not_applicable": na, "chance": dict(self.chance)}
 
     @property
     def scenarios(self) -> list[Scenario]:

@@ -78,6 +78,11 @@ class SheLoRA(Defense):
                          sigma=sigma, init=init)
         self.opt = dict(self.params)
 
+    def applicable(self, setting) -> str | None:
+        if not lora.layers(list(setting.knowledge.global_params)):
+            return f"model '{setting.knowledge.model_name}' trains no LoRA adapters (it splits LoRA factors)"
+        return None
+
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self, fed) -> None:
         self.layers = lora.layers(fed.names)

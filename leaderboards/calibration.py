@@ -1,0 +1,73 @@
+"""Attack calibration: a verdict on a defense needs an attack that breaks the undefended row.
+
+An attack that recovers nothing from a plain upload says nothing about a defense in the same scenario:
+"image not recovered" under a defense is then the attack's failure, not the defense's success. So in each
+scenario an attack's cells yield verdicts (and count toward worst cases, ranks and the front page) only when
+the same attack, with the same parameters, reaches at least the middle band ("partly recovered", "membership
+signal") on the undefended row of that scenario. Which rows are undefended is page info the run stores
+(`undefended`: the defenses that declare `reference_row` and train, bench/run/spec.py), so nothing here names
+a defense. Otherwise the attack's cells read "no verdict" with the undefended row's value as the reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from leaderboards.schema import family, schema_of
+from leaderboards.verdicts import BANDS, band, worst
+
+BREAKS = ("leak", "partial")   # bands of the undefended row that show the attack works in the scenario
+
+
+@dataclass(frozen=True)
+class Calibration:
+    ok: bool
+    why: str    # the undefended row's result that decided it
+
+    @property
+    def text(self) -> str:
+        return "" if self.ok else f"no verdict: {self.why}"
+
+
+def record_verdict(rec: dict[str, Any], schema):
+    """The most severe band over the record's banded metrics."""
+    return worst([band(k, v, schema[k].lower_is_better, rec["details"])
+                  for k, v in rec["metrics"].items() if k in BANDS and k in schema])
+
+
+def calibrate(records: list[dict[str, Any]], info: dict[str, Any],
+              label: Callable[[dict[str, Any]], str]) -> dict[str, Calibration]:
+    """Per attack label of one scenario's records: whether its cells may give verdicts. Reference attacks
+    (floors such as random guessing) never do and are left out."""
+    if "undefended" not in info:
+        return {}   # page info from before the rule (or none): nothing to calibrate against is known
+    undefended = set(info["undefended"])
+    schema = schema_of(records)
+    out: dict[str, Calibration] = {}
+    for att in dict.fromkeys(label(r) for r in records):
+        mine = [r for r in records if label(r) == att]
+        if family(mine[0]) == "reference":
+            continue
+        plain = [r for r in mine if r["defense"] in undefended]
+        if not plain:
+            out[att] = Calibration(False, "no undefended row in this scenario to calibrate the attack against")
+            continue
+        ran = [r for r in plain if r["status"] == "ok"]
+        if not ran:
+            out[att] = Calibration(False, f"its undefended row ({plain[0]['defense']}) is {plain[0]['status']}")
+            continue
+        verdict = worst([record_verdict(r, schema) for r in ran])
+        who = ran[0]["defense"]
+        if verdict.level in BREAKS:
+            out[att] = Calibration(True, f"{who}: {verdict.text} ({verdict.why})")
+        elif verdict.level:
+            out[att] = Calibration(False, f"the attack fails without a defense here ({who} {verdict.why})")
+        else:
+            out[att] = Calibration(False, f"its result on {who} has no verdict band")
+    return out
+
+
+def calibrated(records: list[dict[str, Any]], cal: dict[str, Calibration],
+               label: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:
+    """The records whose attack may give a verdict (reference floors kept: they never give one)."""
+    return [r for r in records if label(r) not in cal or cal[label(r)].ok]

@@ -1,0 +1,155 @@
+"""The front page's table: the standard evaluation (the `core` suite) as one grid, defenses x attacks.
+
+RobustBench's idea: one protocol, every entry run the same way, so rows compare. Columns are the attacks
+(grouped by family, as their records name it); a cell is that attack on that defense in the core scenarios
+where it ran, with its verdict band (leaderboards/verdicts.py), the metric that drove the band, the headline
+value with its 95% interval and the number of attacked uploads, and a link to the scenario's table. A cell
+says "no verdict" where the attack fails on the undefended row of its scenario (leaderboards/calibration.py),
+"n/a" where the defense cannot apply to the scenario (with its declared reason), "blocked by design" where
+the view or protocol prevents the attack. Utility (leaderboards/usefulness.py) and HE cost come from the same
+scenarios; each row counts the applicable attacks it was measured against.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from leaderboards.calibration import calibrate, record_verdict
+from leaderboards.formats import interval, is_number, number
+from leaderboards.schema import family, schema_of
+from leaderboards.tables import FAMILY_ORDER, attack_label, defense_label, sources
+from leaderboards.usefulness import useless
+from leaderboards.verdicts import BANDS, LEVELS, Verdict, worst
+
+GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
+HEADLINE = ("audited_epsilon", "psnr", "lpips", "rouge1", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "label_acc",
+            "lnacc", "leacc")   # a column's headline: the first its records report (the audit's is its epsilon)
+HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")
+
+
+def _headline(recs: list[dict[str, Any]]) -> str | None:
+    present = {k for r in recs if r["status"] == "ok" for k, v in r["metrics"].items() if is_number(v)}
+    return next((k for k in HEADLINE if k in present), None)
+
+
+def _columns(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    labels = list(dict.fromkeys(attack_label(r) for r in records if family(r) not in ("reference", "")))
+    fam = {a: family(next(r for r in records if attack_label(r) == a)) for a in labels}
+    labels.sort(key=lambda a: (GRID_FAMILIES.index(fam[a]) if fam[a] in GRID_FAMILIES else 9, a))
+    schema = schema_of(records)
+    cols = []
+    for a in labels:
+        mine = [r for r in records if attack_label(r) == a]
+        key = _headline(mine)
+        cols.append({"attack": a, "family": fam[a], "key": key, "shown": schema.get(key),
+                     "scenarios": list(dict.fromkeys(r["scenario"] for r in mine)),
+                     "sources": sources(mine[0], "attack")})
+    return cols
+
+
+def _cell(recs: list[dict[str, Any]], col: dict[str, Any], cal: dict, schema, href) -> dict[str, Any]:
+    """One (defense, attack) cell over the core scenarios where both ran: the worst band among calibrated ones."""
+    judged = [r for r in recs if cal[r["scenario"]].get(col["attack"]) is None or cal[r["scenario"]][col["attack"]].ok]
+    ok = [r for r in judged if r["status"] == "ok"]
+    if ok:
+        rec = max(ok, key=lambda r: LEVELS.index(record_verdict(r, schema).level)
+                  if record_verdict(r, schema).level in LEVELS else -1)
+        verdict, key, shown = record_verdict(rec, schema), col["key"], col["shown"]
+        value = rec["metrics"].get(key) if key else None
+        n = len(rec["details"].get("per_target", {}).get(key) or []) if key else 0
+        return {"kind": "ok", "verdict": verdict, "sort": LEVELS.index(verdict.level) if verdict.level else "",
+                "value": number(value, shown.unit, shown.fmt) if shown and is_number(value) else "",
+                "interval": interval(rec["details"].get(f"{key}_ci95"), shown.unit, shown.fmt) if shown else "",
+                "uploads": n or ((rec.get("config") or {}).get("scenario") or {}).get("attack_repeats", ""),
+                "metric": shown.header if shown else "", "drives": verdict.why, "href": href(rec)}
+    for status in ("diverged", "failed"):
+        hit = [r for r in judged if r["status"] == status]
+        if hit:
+            return {"kind": status, "verdict": Verdict("", status, hit[0]["reason"]), "sort": "", "href": href(hit[0])}
+    if judged:   # every calibrated scenario blocked it
+        reason = judged[0]["reason"].removeprefix("blocked by design: ")
+        return {"kind": "blocked", "verdict": Verdict("blocked", "blocked by design", reason), "sort": 0,
+                "href": href(judged[0])}
+    why = "; ".join(dict.fromkeys(cal[r["scenario"]][col["attack"]].text for r in recs))
+    return {"kind": "uncal", "verdict": Verdict("", "no verdict", why), "sort": "", "href": href(recs[0])}
+
+
+def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    """The core grid of one output directory (`name`, linked relative to the front page)."""
+    schema = schema_of(records)
+    columns = _columns(records)
+    scenarios = list(dict.fromkeys(r["scenario"] for r in records))
+    cal = {s: calibrate([r for r in records if r["scenario"] == s], info, attack_label) for s in scenarios}
+    flat = {s: useless([r for r in records if r["scenario"] == s], info, s, defense_label) for s in scenarios}
+    na = info.get("not_applicable") or {}
+    untrained = set(info.get("untrained") or ())
+
+    def href(rec):
+        return f"{name}/index.html#{rec['suite']}--{rec['scenario']}"
+
+    rows = []
+    for d in dict.fromkeys(defense_label(r) for r in records):
+        mine = [r for r in records if defense_label(r) == d]
+        if mine[0]["defense"] in untrained:
+            continue   # the untrained model is a yardstick of utility, not a defense
+        cells, measured, applicable = [], 0, 0
+        for col in columns:
+            recs = [r for r in mine if attack_label(r) == col["attack"]]
+            reasons = [na[s][d] for s in col["scenarios"] if d in na.get(s, {})]
+            if recs:
+                cells.append(_cell(recs, col, cal, schema, href))
+                applicable, measured = applicable + 1, measured + 1
+            elif reasons:
+                cells.append({"kind": "na", "verdict": Verdict("", "n/a", reasons[0]), "sort": ""})
+            else:
+                cells.append({"kind": "missing", "verdict": Verdict("", "not run", "this cell was not computed"),
+                              "sort": ""})
+                applicable += 1
+        no_util = "; ".join(f"{s}: {flat[s][d]}" for s in scenarios if d in flat[s])
+        rows.append({"name": d, "defense": mine[0]["defense"], "sources": sources(mine[0], "defense"),
+                     "cells": cells, "measured": measured, "applicable": applicable, "no_utility": no_util,
+                     "topology": next((r["details"].get("key_topology") for r in mine
+                                       if r["details"].get("key_topology")), ""),
+                     "verdict": worst([c["verdict"] for c in cells if c["kind"] in ("ok", "blocked")]),
+                     "utility": _utility(mine, records, info, href), "he": _he(mine, href)})
+    rows.sort(key=lambda r: (bool(r["no_utility"]), -(LEVELS.index(r["verdict"].level)
+                                                        if r["verdict"].level in LEVELS else -1), r["name"]))
+    families = []
+    for col in columns:
+        if families and families[-1]["family"] == col["family"]:
+            families[-1]["span"] += 1
+        else:
+            families.append({"family": col["family"], "span": 1})
+    return {"name": name, "columns": columns, "families": families, "rows": rows, "scenarios": scenarios,
+            "calibration": {s: [{"attack": a, "ok": c.ok, "why": c.why} for a, c in cal[s].items()] for s in scenarios}}
+
+
+def _utility(mine, records, info, href) -> list[dict[str, Any]]:
+    """Per core scenario: the row's accuracy (else perplexity) beside the undefended row's."""
+    undefended = set(info.get("undefended") or ())
+    out = []
+    for s in dict.fromkeys(r["scenario"] for r in mine):
+        rec = next((r for r in mine if r["scenario"] == s and r["metrics"]), None)
+        if rec is None:
+            continue
+        metric = next((m for m in ("accuracy", "perplexity") if is_number(rec["metrics"].get(m))), None)
+        if metric is None:
+            continue
+        plain = next((r["metrics"][metric] for r in records if r["scenario"] == s and r["defense"] in undefended
+                      and is_number(r["metrics"].get(metric))), None)
+        out.append({"scenario": s, "metric": metric, "value": rec["metrics"][metric], "plain": plain,
+                    "href": href(rec)})
+    return out
+
+
+def _he(mine, href) -> dict[str, Any] | None:
+    """The largest HE time per round (encrypt + aggregate + decrypt) over the core scenarios, with its upload."""
+    best = None
+    for rec in mine:
+        times = [rec["metrics"][k] for k in HE_TIME if is_number(rec["metrics"].get(k))]
+        if times and (best is None or sum(times) > best["seconds"]):
+            best = {"seconds": sum(times), "upload": rec["metrics"].get("upload_bytes"), "scenario": rec["scenario"],
+                    "href": href(rec)}
+    return best
+
+
+__all__ = ["grid", "BANDS"]
