@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from leaderboards.formats import is_number, number
+from leaderboards.safe import site_href
 from leaderboards.schema import family, schema_of
 from leaderboards.tables import FAMILY_ORDER, HEADLINE, attack_label, defense_label, sources
 from leaderboards.verdicts import BANDS, LEVELS, Verdict, band, worst
@@ -28,7 +29,7 @@ HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")
 
 def _where(entry: dict[str, Any], rec: dict[str, Any]) -> dict[str, str]:
     label = defense_label(rec)
-    return {"href": f"{entry['name']}/index.html#{rec['suite']}--{rec['scenario']}",
+    return {"href": site_href(entry["name"], fragment=f"{rec['suite']}--{rec['scenario']}"),
             "where": f"{rec['suite']} / {rec['scenario']}", "config": label,
             "params": label[len(rec["defense"]):].strip("()")}
 

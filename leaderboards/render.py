@@ -7,6 +7,8 @@ page is part of a site), downloads, generation date and the code that computed t
 of contents; one table per scenario (leaderboards/tables.py) with its plots (leaderboards/plots.py)
 and, collapsed, its reconstructions (thumbnails; recovered text beside its reference,
 leaderboards/texts.py); the paper-vs-ours table, declared figures and the suite's notes.
+Written text reaches the page only as plain text under autoescape or, for notes, through
+leaderboards/safe.py's sanitizer; links taken from records through its safe_url.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from leaderboards.figures import draw
 from leaderboards.formats import human_bytes, human_seconds
 from leaderboards.paper import paper_rows
 from leaderboards.plots import scenario_plots
+from leaderboards.safe import notes_html, safe_url, site_href
 from leaderboards.schema import described, schema_of
 from leaderboards.tables import attack_label, clear_not_attacked, defense_label, scenario_table
 from leaderboards.texts import recovered_texts
@@ -29,11 +32,6 @@ from leaderboards.verdicts import BANDS, LEVELS
 TEMPLATES = Path(__file__).parent / "templates"
 CONFIG_SUMMARY = ("dataset", "model", "num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
                   "attack_batch_size", "attack_repeats", "pretrain_epochs")
-
-
-def markdown(text: str) -> str:
-    import markdown as md
-    return md.markdown(text or "", extensions=["tables", "fenced_code"])
 
 
 def cell_name(rec: dict[str, Any]) -> str:
@@ -117,7 +115,7 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
     for row in paper:
         row["href"] = f"#{anchor(suite, row['scenario'])}" if row["scenario"] else ""
     return {"name": suite, "tables": tables, "failures": failures, "description": info.get("description", ""),
-            "notes": markdown(info.get("notes", "")), "figures": figures, "paper": paper,
+            "notes": notes_html(info.get("notes", "")), "figures": figures, "paper": paper,
             "paper_notes": any(p["note"] for p in paper), "provenance": provenance(records),
             "compute": compute_summary(records),
             "counts": Counter(r["status"] for r in records)}
@@ -162,5 +160,7 @@ def env() -> jinja2.Environment:
     environment.filters["num"] = fmt
     environment.filters["bytes"] = human_bytes
     environment.filters["seconds"] = human_seconds
+    environment.filters["safe_url"] = safe_url     # every href taken from a record (leaderboards/safe.py)
+    environment.filters["site_href"] = site_href
     return environment
 

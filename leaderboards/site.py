@@ -16,6 +16,7 @@ from typing import Any, Callable
 from leaderboards.export import load_pages, load_records
 from leaderboards.overview import overview
 from leaderboards.render import band_rows, env, provenance, render
+from leaderboards.safe import site_href
 from leaderboards.schema import described
 
 Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info, None when it has none
@@ -40,7 +41,7 @@ def rerender(directory: str | Path, current: Info | None = None, generated: str 
     render(records, infos, directory, home="../index.html", generated=generated)
     counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "blocked", "diverged", "failed")}
     info = infos[suites[0]] if suites else {}
-    return {"name": directory.name, "href": f"{directory.name}/index.html", "suites": suites,
+    return {"name": directory.name, "href": site_href(directory.name), "suites": suites,
             "description": info.get("description", ""), "cells": len(records), "records": described(records),
             "paper": bool(info.get("paper")), "scenarios": len({r["scenario"] for r in records}), **counts}
 
