@@ -111,8 +111,8 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
                                        if r["details"].get("key_topology")), ""),
                      "verdict": worst([c["verdict"] for c in cells if c["kind"] in ("ok", "blocked")]),
                      "utility": _utility(mine, records, info, href), "he": _he(mine, href)})
-    rows.sort(key=lambda r: (bool(r["no_utility"]), -(LEVELS.index(r["verdict"].level)
-                                                        if r["verdict"].level in LEVELS else -1), r["name"]))
+    rows.sort(key=lambda r: (bool(r["no_utility"]), LEVELS.index(r["verdict"].level)
+                             if r["verdict"].level in LEVELS else len(LEVELS), r["name"]))
     families = []
     for col in columns:
         if families and families[-1]["family"] == col["family"]:

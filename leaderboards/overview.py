@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from leaderboards.calibration import calibrate, calibrated
 from leaderboards.formats import is_number, number
 from leaderboards.safe import site_href
 from leaderboards.schema import family, schema_of
+from leaderboards.usefulness import useless
 from leaderboards.tables import FAMILY_ORDER, HEADLINE, attack_label, defense_label, sources
 from leaderboards.verdicts import BANDS, LEVELS, Verdict, band, worst
 
@@ -81,13 +83,17 @@ def _utility(records: list[tuple[dict, dict]], schema) -> dict[tuple, dict[str, 
         if len({rec["defense"] for _, rec in runs.values()}) < 2:
             continue   # one defense's own settings against each other: no cost of the defense
         higher = schema[metric].lower_is_better is False
+        entry0, rec0 = recs[0]
+        flat = useless([r for _, r in recs], (entry0.get("infos") or {}).get(rec0["suite"], {}), rec0["scenario"],
+                       defense_label)
         best = (max if higher else min)(r["metrics"][metric] for _, r in runs.values())
         for label, (entry, rec) in runs.items():
             value = rec["metrics"][metric]
             drop = (best - value) if higher else (value - best)
             out[(rec["suite"], rec["scenario"], label)] = {
                 "metric": schema[metric], "value": value, "best": best, "drop": drop, "delta": value - best,
-                "relative": drop / abs(best) if best else drop, **_where(entry, rec)}
+                "relative": drop / abs(best) if best else drop, "no_utility": flat.get(label, ""),
+                **_where(entry, rec)}
     return out
 
 
@@ -112,9 +118,19 @@ def _he(records: list[tuple[dict, dict]]) -> dict[tuple, dict[str, Any]]:
     return out
 
 
+def _judged(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The entry's records less those of attacks that fail on their scenario's undefended row (no verdict)."""
+    infos = entry.get("infos") or {}
+    out = []
+    for (suite, scenario) in dict.fromkeys((r["suite"], r["scenario"]) for r in entry["records"]):
+        recs = [r for r in entry["records"] if r["suite"] == suite and r["scenario"] == scenario]
+        out += calibrated(recs, calibrate(recs, infos.get(suite, {}), attack_label), attack_label)
+    return out
+
+
 def overview(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """entries: one per suite directory, {"name": directory, "records": [...]}. The front page's table."""
-    pairs = [(e, r) for e in entries for r in e["records"]]
+    pairs = [(e, r) for e in entries for r in _judged(e)]
     schema = schema_of([r for _, r in pairs])
     fams = {family(r) for _, r in pairs} - {"reference", ""}
     fams = sorted(fams, key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 9, f))

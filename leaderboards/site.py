@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from leaderboards.export import load_pages, load_records
+from leaderboards.grid import grid
 from leaderboards.overview import overview
 from leaderboards.render import band_rows, env, provenance, render
 from leaderboards.safe import site_href
 from leaderboards.schema import described
 
+STANDARD = "core"   # the suite whose grid heads the front page: every defense x every applicable attack
 Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info, None when it has none
 
 
@@ -43,7 +45,8 @@ def rerender(directory: str | Path, current: Info | None = None, generated: str 
     info = infos[suites[0]] if suites else {}
     return {"name": directory.name, "href": site_href(directory.name), "suites": suites,
             "description": info.get("description", ""), "cells": len(records), "records": described(records),
-            "paper": bool(info.get("paper")), "scenarios": len({r["scenario"] for r in records}), **counts}
+            "paper": bool(info.get("paper")), "scenarios": len({r["scenario"] for r in records}), "infos": infos,
+            **counts}
 
 
 def build_site(root: str | Path, current: Info | None = None, generated: str | None = None) -> Path:
@@ -56,8 +59,10 @@ def build_site(root: str | Path, current: Info | None = None, generated: str | N
         raise FileNotFoundError(f"no suite directories with results.json under {root}")
     entries = [rerender(d, current, generated) for d in dirs]
     board = overview(entries)
+    standard = next((e for e in entries if e["suites"] == [STANDARD]), None)
+    core = grid(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None
     html = env().get_template("site.html.j2").render(
-        entries=entries, board=board, generated=generated, bands=band_rows(),
+        entries=entries, board=board, core=core, generated=generated, bands=band_rows(),
         provenance=provenance([r for e in entries for r in e["records"]]))
     (root / "index.html").write_text(html)
     return root / "index.html"

@@ -213,3 +213,52 @@ def test_every_committed_page_sorts_fits_and_resolves(tmp_path):
     pytest.importorskip("selenium")
     counted = walk(COMMITTED, tmp_path)
     assert counted["pages"] == 1 + len([d for d in COMMITTED.iterdir() if (d / "results.json").is_file()])
+
+
+def core_site(root: Path) -> Path:
+    """A standard-evaluation suite of 15 defense rows beside a reproduction suite: the front page's grid."""
+    small_site(root)
+    recs = []
+    for d in range(15):
+        defense = "plaintext" if d == 0 else f"defense-{d:02d}"
+        run = {"accuracy": 0.11 if d == 7 else 0.8, "test_samples": 500, "upload_bytes": 1000.0 * (d + 1),
+               "he_encrypt_s": 0.01 * d}
+        psnr = {"psnr": 35.0 - 2 * d, "label_acc": 1.0}
+        recs.append(_record("core", "images", defense, "idlg", "blocked" if d == 3 else "ok",
+                            run if d == 3 else {**run, **psnr}, "blocked by design: empty view" if d == 3 else "",
+                            details={"per_target": {"psnr": [psnr["psnr"]] * 2}}))
+        recs.append(_record("core", "images", defense, "ilrg", "ok", {**run, "label_acc": 0.1}))
+    from leaderboards.render import render
+    render(recs, {"core": {"description": "the standard evaluation", "undefended": ["plaintext"], "untrained": [],
+                           "chance": {"images": 0.1},
+                           "not_applicable": {"images": {"she-lora": "model 'mlp' trains no LoRA adapters"}}}},
+           root / "core")
+    return build_site(root, generated="2026-01-01")
+
+
+def test_the_core_grid_heads_the_front_page_every_row_visible(tmp_path):
+    pytest.importorskip("selenium")
+    front = core_site(tmp_path / "site")
+    browser = _driver(tmp_path)
+    try:
+        browser.get(front.as_uri())
+        grid = browser.find_element("id", "core-grid")
+        rows = grid.find_elements("css selector", "tbody tr")
+        assert len(rows) == 15 and all(r.is_displayed() for r in rows)
+        box = grid.find_element("xpath", "..")
+        inner = browser.execute_script("return [arguments[0].scrollHeight, arguments[0].clientHeight];", box)
+        assert inner[0] <= inner[1] + 1, f"the grid scrolls inside its box: {inner}"
+        last = browser.execute_script("return arguments[0].getBoundingClientRect().bottom "
+                                      "+ window.scrollY <= document.body.scrollHeight;", rows[-1])
+        assert last
+        names = [r.find_elements("css selector", "td")[0].text.split("\n")[0] for r in rows]
+        assert names[-1].startswith("defense-07")                    # no utility: last
+        text = grid.text
+        assert "no verdict" in text and "blocked by design" in text and "of 2" in text
+        legend = browser.find_element("id", "legend").text
+        for symbol in ("n/a", "no verdict", "blocked by design", "not run", "no utility", "–"):
+            assert symbol in legend
+    finally:
+        browser.quit()
+    counted = walk(tmp_path / "site", tmp_path)   # every header sorts, every link resolves, the body fits
+    assert counted["pages"] == 4

@@ -1,0 +1,93 @@
+"""The standard evaluation's rules on hand-built records: an attack that fails on the undefended row judges
+nothing; a row at chance ranks below a useful one and is never called best; an n/a grid point carries its
+reason (page info, from Defense.applicable at load); the core grid on the front page."""
+from test_leaderboard import _cells, rec
+
+from bench.run.spec import parse_suite
+from leaderboards.calibration import calibrate
+from leaderboards.grid import grid
+from leaderboards.tables import attack_label, scenario_table
+from leaderboards.usefulness import no_utility, wilson
+
+INFO = {"undefended": ["plain"], "untrained": ["base"], "chance": {"s": 0.1}}
+
+
+def test_an_attack_that_fails_on_the_undefended_row_gives_no_verdict():
+    records = [rec("plain", "idlg", psnr=11.0, accuracy=0.9), rec("plain", "ilrg", label_acc=1.0, accuracy=0.9),
+               rec("mask", "idlg", psnr=9.8, accuracy=0.85), rec("mask", "ilrg", label_acc=0.0, accuracy=0.85)]
+    cal = calibrate(records, INFO, attack_label)
+    assert not cal["idlg"].ok and "fails without a defense here (plain psnr 11)" in cal["idlg"].why
+    assert cal["ilrg"].ok
+    table = scenario_table(records, INFO)
+    keys = [c.key for c in table["groups"][0].columns]
+    mask = _cells(table, "mask")
+    assert mask[keys.index("psnr")]["text"] == "no verdict"           # not "image not recovered"
+    row = next(r for r in table["rows"] if r["defense"] == "mask")
+    assert row["verdict"].text == "labels not recovered"             # judged by the calibrated attack alone
+    idlg = next(g for g in table["groups"] if g.name == "idlg")
+    assert idlg.nocal.startswith("no verdict: the attack fails")
+    # the same records without page info (an export from before the rule) judge as before
+    assert next(r for r in scenario_table(records)["rows"] if r["defense"] == "mask")["verdict"].level == "resisted"
+
+
+def test_without_an_undefended_row_nothing_is_calibrated():
+    records = [rec("mask", "idlg", psnr=35.0, accuracy=0.85)]
+    assert not calibrate(records, INFO, attack_label)["idlg"].ok
+    assert scenario_table(records, INFO)["rows"][0]["verdict"].text == "no verdict"
+
+
+def test_a_chance_level_defense_ranks_below_a_useful_one_and_is_flagged():
+    records = [rec("plain", "idlg", psnr=35.0, accuracy=0.9, test_samples=500),
+               rec("useful", "idlg", psnr=20.0, accuracy=0.8, test_samples=500),
+               rec("chance", "idlg", "blocked", "blocked by design: empty view", accuracy=0.098, test_samples=500)]
+    table = scenario_table(records, INFO)
+    order = [r["defense"] for r in table["rows"]]
+    assert order.index("useful") < order.index("chance")             # blocked, but its model learned nothing
+    chance = next(r for r in table["rows"] if r["defense"] == "chance")
+    assert "contains chance (0.100)" in chance["no_utility"]
+    assert next(r for r in table["rows"] if r["defense"] == "useful")["no_utility"] == ""
+
+
+def test_no_utility_reads_the_interval_perplexity_and_divergence():
+    low, high = wilson(0.12, 500)
+    assert low < 0.1 < high
+    assert no_utility({"status": "ok", "metrics": {"accuracy": 0.12, "test_samples": 500}}, 0.1, None)
+    assert not no_utility({"status": "ok", "metrics": {"accuracy": 0.2, "test_samples": 500}}, 0.1, None)
+    assert no_utility({"status": "ok", "metrics": {"accuracy": 0.13}}, 0.1, None)   # no size: within 0.05
+    assert no_utility({"status": "ok", "metrics": {"perplexity": 300.0}}, None, 279.0)
+    assert not no_utility({"status": "ok", "metrics": {"perplexity": 136.0}}, None, 279.0)
+    assert no_utility({"status": "diverged", "metrics": {}}, None, None) == "training diverged"
+
+
+def test_a_defense_that_cannot_apply_is_na_with_its_declared_reason(tmp_path):
+    from bench.run.preflight import preflight
+
+    suite = parse_suite({"name": "na", "scenarios": [{"name": "d", "dataset": "digits", "model": "mlp", "rounds": 1,
+                                                      "num_clients": 2, "clients_per_round": 2}],
+                         "defenses": [{"name": "plaintext"}, {"name": "she-lora"}],
+                         "attacks": [{"name": "ilrg"}]})
+    checked = preflight(suite, None)
+    assert [c.defense.name for c in checked.cells] == ["plaintext"]
+    na = checked.page_info()["not_applicable"]
+    assert "she-lora" in na["d"] and "no LoRA adapters" in na["d"]["she-lora"]
+    assert checked.page_info()["undefended"] == ["plaintext"]
+
+
+def test_the_core_grid_counts_coverage_and_shows_every_symbol():
+    info = {**INFO, "not_applicable": {"s": {"lora-only": "model 'mlp' trains no LoRA adapters"}}}
+    records = [rec("plain", "idlg", psnr=[36.0, 34.0], accuracy=0.9, test_samples=500),
+               rec("plain", "ilrg", label_acc=0.2, accuracy=0.9, test_samples=500),
+               rec("he", "idlg", "blocked", "blocked by design: empty view", accuracy=0.88, test_samples=500),
+               rec("he", "ilrg", "blocked", "blocked by design: empty view", accuracy=0.88, test_samples=500),
+               rec("noise", "idlg", psnr=[12.0, 13.0], accuracy=0.11, test_samples=500)]
+    core = grid("core", records, info)
+    cols = [c["attack"] for c in core["columns"]]
+    rows = {r["name"]: r for r in core["rows"]}
+    assert [r["name"] for r in core["rows"]][-1] == "noise"          # no utility: last
+    noise = dict(zip(cols, rows["noise"]["cells"]))
+    assert noise["idlg"]["verdict"].text == "image not recovered" and noise["idlg"]["uploads"] == 2
+    assert noise["ilrg"]["kind"] == "missing" and rows["noise"]["measured"] == 1 and rows["noise"]["applicable"] == 2
+    plain = dict(zip(cols, rows["plain"]["cells"]))
+    assert plain["ilrg"]["kind"] == "uncal" and plain["idlg"]["verdict"].level == "leak"
+    assert dict(zip(cols, rows["he"]["cells"]))["idlg"]["kind"] == "blocked"
+    assert rows["he"]["measured"] == rows["he"]["applicable"] == 2
