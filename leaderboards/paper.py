@@ -11,11 +11,15 @@
                                  # row per value (the same reported number beside each, e.g. per attack path)
     baseline = { defense = "fedhe-full" }   # optional: compare the ratio baseline / this row instead
     note = "..."                 # optional
+    reported_by = "paper"        # who reported the number: "paper" (default) or "official code" (a rerun of the
+                                 # authors' code on the same inputs)
+    tolerance = 0.1              # relative: ours agrees when within this fraction of the reported value (or range)
 
 and the page shows reported, ours (mean over the matching stored cells, or the ratio of the baseline's
 mean to it: scenario and attack filters carry over to the baseline, `where` does not) and ours /
-reported (against the nearer end of a range; 1 inside it). Both numbers are written alike: the
-metric's unit and format from the records' schema, or "x" with one decimal for a ratio.
+reported (against the nearer end of a range; 1 inside it), and whether they agree at the stated tolerance.
+Both numbers are written alike: the metric's unit and format from the records' schema, or "x" with one
+decimal for a ratio; ours / reported keeps two significant digits, so a small ratio never reads 0.00.
 """
 from __future__ import annotations
 
@@ -26,7 +30,10 @@ from leaderboards.figures import lookup
 from leaderboards.formats import is_number, number
 from leaderboards.schema import schema_of
 
-PAPER_KEYS = {"metric", "reported", "source", "scenario", "defense", "attack", "where", "note", "baseline"}
+PAPER_KEYS = {"metric", "reported", "source", "scenario", "defense", "attack", "where", "note", "baseline",
+              "reported_by", "tolerance"}
+REPORTERS = ("paper", "official code")
+TOLERANCE = 0.1
 IDENTITY = ("scenario", "defense", "attack")
 
 
@@ -43,8 +50,10 @@ def check_paper(spec: dict[str, Any]) -> None:
     unknown = set(spec) - PAPER_KEYS
     base = spec.get("baseline", {})
     if unknown or "metric" not in spec or _reported(spec.get("reported")) is None or not isinstance(base, dict) \
-            or set(base) - {*IDENTITY, "where"}:
-        raise ValueError(f"a [[paper]] row needs metric and a numeric reported value (or [lo, hi]) and accepts "
+            or set(base) - {*IDENTITY, "where"} or spec.get("reported_by", "paper") not in REPORTERS \
+            or not (is_number(spec.get("tolerance", TOLERANCE)) and spec.get("tolerance", TOLERANCE) >= 0):
+        raise ValueError(f"a [[paper]] row needs metric and a numeric reported value (or [lo, hi]), reported_by "
+                         f"one of {', '.join(REPORTERS)}, a tolerance >= 0, and accepts "
                          f"{sorted(PAPER_KEYS)} (baseline: a table of scenario/defense/attack/where); got {sorted(spec)}")
 
 
@@ -91,8 +100,12 @@ def paper_rows(specs: list[dict[str, Any]], records: list[dict[str, Any]]) -> li
         reported = write(lo) if lo == hi else f"{write(lo, '')}–{write(hi)}"
         nearer = lo if ours is not None and ours < lo else hi
         ratio = None if ours is None else 1.0 if lo <= ours <= hi else (ours / nearer if nearer else None)
+        tol = float(spec.get("tolerance", TOLERANCE))
         rows.append({"metric": title, "source": spec.get("source", ""), "where": _where(spec),
                      "scenario": spec.get("scenario", ""), "reported": reported, "reported_sort": lo,
                      "ours": write(ours), "ours_sort": ours if ours is not None else "", "cells": len(values),
-                     "note": spec.get("note", ""), "ratio": ratio, "within": lo != hi and ratio == 1.0})
+                     "note": spec.get("note", ""), "ratio": ratio, "within": lo != hi and ratio == 1.0,
+                     "ratio_text": "–" if ratio is None else f"{ratio:.2f}" if abs(ratio) >= 0.1 else f"{ratio:.2g}",
+                     "reported_by": spec.get("reported_by", "paper"), "tolerance": tol,
+                     "agrees": None if ratio is None else abs(ratio - 1.0) <= tol})
     return rows

@@ -91,3 +91,18 @@ def test_the_core_grid_counts_coverage_and_shows_every_symbol():
     assert plain["ilrg"]["kind"] == "uncal" and plain["idlg"]["verdict"].level == "leak"
     assert dict(zip(cols, rows["he"]["cells"]))["idlg"]["kind"] == "blocked"
     assert rows["he"]["measured"] == rows["he"]["applicable"] == 2
+
+
+def test_paper_rows_say_who_reported_and_whether_ours_agrees():
+    from leaderboards.paper import check_paper, paper_rows
+    import pytest
+
+    records = [rec("plain", "ilrg", lnacc=0.95), rec("mask", "ilrg", lnacc=0.004)]
+    rows = paper_rows([{"metric": "lnacc", "reported": 1.0, "source": "T2", "defense": "plain"},
+                       {"metric": "lnacc", "reported": 0.9, "source": "rerun", "defense": "mask",
+                        "reported_by": "official code", "tolerance": 0.05}], records)
+    assert rows[0]["agrees"] and rows[0]["reported_by"] == "paper" and rows[0]["ratio_text"] == "0.95"
+    assert rows[1]["agrees"] is False and rows[1]["reported_by"] == "official code"
+    assert rows[1]["ratio_text"] == "0.0044"                          # not "0.00"
+    with pytest.raises(ValueError, match="reported_by"):
+        check_paper({"metric": "lnacc", "reported": 1.0, "reported_by": "a blog"})
