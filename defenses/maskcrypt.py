@@ -1,18 +1,25 @@
-"""MaskCrypt (Hu & Li, TDSC 2024) as in Plato's implementation.
+"""MaskCrypt (Hu & Li, TDSC 2024), with the mask selection of the authors' code.
 
-Each sampled client proposes the top-rho positions by the gradient-guided score
-(w_exposed - w_latest) * g, where w_latest is its trained model, g the full-batch
-gradient there, and w_exposed the server's running estimate of this client's model
-(plaintext-visible entries of its uploads; encrypted entries keep the previous estimate;
-zeros at first). Proposals travel in the clear; the server interleaves them round-robin
-and de-duplicates (the ordered union, not truncated: the real encrypted fraction lies
-between rho and K*rho). Masked values go into one packed CKKS vector, the rest in
-plaintext, and the index list rides with every upload, so it is in the server view.
+Taken from Plato (TL-System/plato at 60d6779a0be16bd529f5f9d9cd34fd4d47f4e95a,
+examples/secure_aggregation/maskcrypt; tests/fixtures/maskcrypt_plato.json checks parity):
+- the proposal: each sampled client ranks entries by (w_exposed - w_latest) * g, where w_latest
+  is its trained model and g the gradient of its local loss there, and proposes the top k;
+- the estimate w_exposed (maskcrypt_utils.update_est), kept by each client: every global model it
+  receives overwrites the entries that model carried in the clear, and so does its own upload;
+  entries sent encrypted keep their last value, zeros if the client never saw them in the clear.
+  The initial global is sent in the clear, so a client of round 0 starts from it;
+- the consensus: proposals interleaved round-robin, first occurrences kept, not truncated (the
+  encrypted fraction lies between rho and K*rho); masked entries go into one packed CKKS vector.
 
-Differences from Plato, stated: updates are deltas (not full weights), and proposal and
-upload happen in the same round (Plato alternates rounds, halving training rounds); the
-proposal traffic is counted in that round. Default rho: 0.05 for MNIST-size inputs,
-0.10 for 3-channel (CIFAR/ResNet) inputs, as in Plato's configs.
+Differences, stated: k = max(1, round(rho * n)) (Plato: int(rho * n), which may be 0); proposal and
+upload in one round (Plato proposes in odd rounds and uploads in even ones, the same clients: the same
+information flow); updates are deltas, not weights: the estimate still counts an entry sent in the
+clear as exposed, as Plato's does, though our server knows its value only where it knew it before;
+under a key server (maskcrypt-paillier) every global reaches the clients decrypted, so in the clear;
+CKKS parameters come from bench/crypto for the round's client count (Plato: N 8192, [60, 40, 40, 60],
+scale 2^40); a proposal costs 4 bytes an index, and the index list rides with every upload, so it is
+in the server view and in the upload's bytes. Default rho: 0.05 for MNIST-size inputs, 0.10 for
+3-channel (CIFAR/ResNet) inputs, as in Plato's configs.
 
 Budget matching (`match_bytes`, `bytes_ratio`; bench/federation/budget.py): rho is set so the packed vector
 fills the whole ciphertexts that cost the target bytes (bytes per ciphertext measured on a real
@@ -48,6 +55,16 @@ def round_robin_union(proposals: list[np.ndarray]) -> np.ndarray:
     return np.fromiter(seen, dtype=np.int64, count=len(seen))
 
 
+def refresh_exposed(state: dict, values: np.ndarray, hidden: np.ndarray | None) -> None:
+    """Plato's update_est at one client: entries sent in the clear take `values`; `hidden` (encrypted) ones
+    keep the last estimate, zeros before the first."""
+    new = np.array(values, dtype=np.float64)
+    if hidden is not None:
+        old = state.get("exposed")
+        new[hidden] = 0.0 if old is None else old[hidden]
+    state["exposed"] = new
+
+
 @DEFENSES.register("maskcrypt", "MaskCrypt: per-client gradient-guided top-rho proposals, ordered union, CKKS")
 class MaskCrypt(Defense):
     links = {"paper": "https://doi.org/10.1109/TDSC.2024.3392424", "code": "https://github.com/TL-System/plato"}
@@ -67,6 +84,7 @@ class MaskCrypt(Defense):
         self.rho, self.random_mask, self.key_topology = rho, random_mask, keys
         self.target_bytes: float | None = None
         self.matched_cap: int | None = None
+        self.last_union: tuple[int, np.ndarray] | None = None   # (round, encrypted entries of its aggregate)
 
     def cipher_target(self) -> tuple[str, float] | None:
         match = self.params.get("match_bytes")
@@ -93,22 +111,29 @@ class MaskCrypt(Defense):
     def _proposal(self, fed, client, update: dict[str, torch.Tensor]) -> np.ndarray:
         total = sum(self.sizes)
         k = max(1, int(round(self.rho * total)))
+        current = fed.params()   # the global model this client received and trained from
+        refresh_exposed(client.party.state, self._flat(current, fed.names), self._hidden_in_global(fed))
+        latest = {n: current[n] + update[n] for n in fed.names}
+        client.party.state["latest"] = self._flat(latest, fed.names)
         if self.random_mask:   # the client's own stream: never the engine's client-sampling generator
             rng = client.party.state.setdefault("mask_rng", np.random.default_rng([fed.scenario.seed, 0x4D43,
                                                                                    client.index]))
             return rng.choice(total, size=k, replace=False)
-        current = fed.params()
-        latest = {n: current[n] + update[n] for n in fed.names}
         model = fed.new_model()
         state = dict(model.named_parameters()) | dict(model.named_buffers())
         with torch.no_grad():
             for n, v in latest.items():
                 state[n].copy_(v)
         grads = self._flat(fed.gradient(client.x, client.y, model), fed.names)
-        exposed = client.party.state.get("exposed", np.zeros(total))
-        score = (exposed - self._flat(latest, fed.names)) * grads
-        client.party.state["latest"] = self._flat(latest, fed.names)
+        score = (client.party.state["exposed"] - client.party.state["latest"]) * grads
         return np.argsort(-score, kind="stable")[:k]
+
+    def _hidden_in_global(self, fed) -> np.ndarray | None:
+        """Entries the current global model reached clients encrypted: the union of the round that made it,
+        whose index list comes with it; none for the initial model or when a key server decrypts."""
+        if self.last_union is None or self.last_union[0] != fed.round - 1 or self.decoder(fed).name == "key-server":
+            return None
+        return self.last_union[1]
 
     def round_start(self, fed, round: int, clients: list, updates: dict) -> None:
         proposals = [self._send_proposal(fed, round, c, updates[c.name]) for c in clients]
@@ -130,11 +155,11 @@ class MaskCrypt(Defense):
         flat = np.zeros(sum(self.sizes), bool)
         flat[union] = True
         self.mask = dict(zip(fed.names, np.split(flat, np.cumsum(self.sizes)[:-1])))
-        for client in clients:  # the server's estimate now holds this round's plaintext entries
+        self.last_union = (fed.round, flat)
+        for client in clients:  # each client's upload shows its plaintext entries (Plato: after model_encrypt)
             latest = client.party.state.pop("latest", None)
             if latest is not None:
-                exposed = client.party.state.get("exposed", np.zeros(flat.size))
-                client.party.state["exposed"] = np.where(flat, exposed, latest)
+                refresh_exposed(client.party.state, latest, flat)
 
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
         payload = hybrid_payload(fed, client, update, weight, self.mask)

@@ -4,10 +4,12 @@ paillier-full   "Baseline" of section 4.1: every entry Paillier-encrypted (pytho
                 parameter), plain FedAvg over all clients, decrypted by the key server. With
                 `paillier_slice` = S > 0 it encrypts only the first S values of each upload for real
                 and extrapolates every cost (slices.py): the setting for models too large to encrypt.
-maskcrypt-paillier  MaskCrypt's masks (defenses/maskcrypt.py: gradient-guided proposals, ordered
-                union) with the paper's Paillier backend and key server. `union_cap` truncates the
-                round-robin union to a fraction of the entries (it keeps every client's best
-                proposals first): the paper's fairness setting of equal mask sizes, not Plato's.
+maskcrypt-paillier  MaskCrypt's masks (defenses/maskcrypt.py: gradient-guided proposals from Plato's
+                estimate, ordered union) with the paper's Paillier backend and key server; the key
+                server hands back each global decrypted, so the estimate a client ranks by is the
+                whole global it received. `union_cap` truncates the round-robin union to a fraction
+                of the entries (it keeps every client's best proposals first): the paper's fairness
+                setting of equal mask sizes, not Plato's.
 Both take the scenario's device profiles (client.device) as SenseCrypt does and report
 round_time_max_s / round_time_mean_s from the same model. A suite sets `union_cap` per scenario
 through the scenario's `defense_params`.
