@@ -163,6 +163,21 @@ def test_a_forged_record_in_a_reused_store_is_refused(genuine, tmp_path, capsys)
     assert not (tmp_path / "o").exists()
 
 
+def test_reuse_copies_an_honest_record_and_its_page_names_the_source(genuine, tmp_path, capsys):
+    _write(tmp_path / "src", genuine)
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "src")]) == 0
+    assert "1 cell(s) copied from --reuse" in capsys.readouterr().out
+    rec, = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert rec["details"]["copied_from"] == str(tmp_path / "src")
+    assert check_record(rec, "results.json")["environment"]["digest"] == genuine[0]["environment"]["digest"]
+    page = (tmp_path / "o" / "index.html").read_text()
+    assert "Copied with <code>--reuse</code>" in page and str(tmp_path / "src") in page
+    (tmp_path / "o" / "leakbench.sqlite").unlink()     # the export alone, as committed, seeds a store and renders
+    assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 0
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    assert "skip (done)" in capsys.readouterr().out
+
+
 def test_an_older_record_without_a_digest_loads_and_is_recomputed(genuine, tmp_path, capsys):
     """What the committed exports before digests hold: no digest, another code's fingerprint. It loads, its
     page shows nothing new, and a run recomputes it rather than trusting it."""
@@ -171,6 +186,7 @@ def test_an_older_record_without_a_digest_loads_and_is_recomputed(genuine, tmp_p
     old[0]["environment"]["fingerprint"] = "0" * 16
     _write(tmp_path / "old", old)
     assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 0
+    assert "Copied with" not in (tmp_path / "old" / "index.html").read_text()
     capsys.readouterr()
     assert main(["run", "smoke", "--out", str(tmp_path / "old"), "--dry-run"]) == 0
     assert "run (stale)" in capsys.readouterr().out

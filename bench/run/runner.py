@@ -17,7 +17,8 @@ version and the cell's fingerprint: the code's and the plugins' that compute it,
 An output directory holding an export (results.json, pages.json: a committed leaderboard) but no store is
 seeded from it first, so a run there resumes the leaderboard: only missing, failed or stale cells run. `reuse`
 names other output directories whose finished cells (same cell id, same fingerprint) are copied instead of
-computed: suites that share a scenario compute its cells once. Every record read from an export or another folder is checked before the store
+computed, each noting its source folder (details' `copied_from`, shown on its page): suites that share a
+scenario compute its cells once. Every record read from an export or another folder is checked before the store
 is opened (bench/protocol/records.py says what that catches), so a refused one leaves nothing written.
 """
 from __future__ import annotations
@@ -164,15 +165,16 @@ def refuse_undigested(where: str, records: list[dict[str, Any]], current: set[st
 def reusable(store: Store, cells: list[Cell], fingerprints: dict[str, str],
              sources: list[tuple[str, str, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
     """The finished records of other output directories ((directory, file, records): `exported`) for cells this
-    store lacks, computed by the same code (cell id and fingerprint match), by cell id."""
+    store lacks, computed by the same code (cell id and fingerprint match), by cell id, each noting the directory
+    it came from."""
     wanted = {c.cell_id for c in cells if not store.finished(c.cell_id, fingerprints[c.cell_id])}
     found: dict[str, dict[str, Any]] = {}
-    for _, _, records in sources:
+    for directory, _, records in sources:
         for rec in records:
             cid = rec["cell_id"]
             if cid in wanted and cid not in found and rec["status"] in FINISHED and \
                     (rec.get("environment") or {}).get("fingerprint") == fingerprints[cid]:
-                found[cid] = rec
+                found[cid] = {**rec, "details": {**rec.get("details", {}), "copied_from": directory}}
     return found
 
 
