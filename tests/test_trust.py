@@ -4,6 +4,7 @@ Each hostile record is the smoke cell's genuine record with one field forged."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -161,6 +162,28 @@ def test_a_forged_record_in_a_reused_store_is_refused(genuine, tmp_path, capsys)
     assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "src")]) == 2
     _refused(capsys, "does not match its digest", "leakbench.sqlite", forged["cell_id"])
     assert not (tmp_path / "o").exists()
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("bad, phrase", [("forged", "does not match its digest"), ("{not json", "not valid JSON"),
+                                         ("pages", "not a LeakBench pages file")])
+def test_site_checks_every_folder_before_it_writes_any(genuine, tmp_path, capsys, bad, phrase):
+    """A good folder, then a bad one: the good page is left as it was, and no front page is written."""
+    _write(tmp_path / "a-good", genuine)
+    (tmp_path / "a-good" / "index.html").write_text("the page as committed")
+    export = _write(tmp_path / "b-bad", _forge(genuine, PSNR_999) if bad == "forged" else genuine)
+    if bad == "pages":
+        (tmp_path / "b-bad" / "pages.json").write_text("[]")
+    elif bad != "forged":
+        export.write_text(bad)
+    before = _digests(tmp_path)
+    assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 2
+    _refused(capsys, "b-bad", phrase)
+    assert _digests(tmp_path) == before and not (tmp_path / "index.html").exists()
 
 
 def test_reuse_copies_an_honest_record_and_its_page_names_the_source(genuine, tmp_path, capsys):
