@@ -6,6 +6,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,3 +222,14 @@ def test_a_committed_export_loads_unchanged():
     from leaderboards.export import load_records
     path = ROOT / "leaderboards" / "results" / "dictpfl-paper" / "results.json"
     assert len(load_records(path)) == len(json.loads(path.read_text())) > 0
+
+
+@pytest.mark.parametrize("argv", [["list", "metrics"], ["list", "suites"], ["--help"], ["run", "--help"]])
+def test_a_closed_stdout_ends_quietly(argv):
+    """`leakbench list metrics | head -1`: the reader closes the pipe before the output is written."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=ROOT)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and "Error" not in err and "Traceback" not in err, err
