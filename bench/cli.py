@@ -211,13 +211,14 @@ def builtin_page_info(suite: str) -> dict | None:
 
 
 def _compare(args) -> int:
-    from leaderboards.export import compare
+    from leaderboards.export import differences
 
-    rows = compare(args.out_a, args.out_b)
+    rows, common = differences(args.out_a, args.out_b)
     for row in rows:
         delta = "" if row["delta"] is None else f" ({row['delta']:+.4g})"
         say(f"{row['cell']}  {row['metric']}: {row['a']} -> {row['b']}{delta}")
-    say(f"{len(rows)} difference(s) between {args.out_a} and {args.out_b} (cells matched by id)")
+    say(f"{len(rows)} difference(s) between {args.out_a} and {args.out_b} over {common} common cell(s) "
+        "(cells matched by id)")
     return 0
 
 

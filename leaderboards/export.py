@@ -91,12 +91,21 @@ def load_frame(path: str | Path):
 
 def compare(a: str | Path, b: str | Path) -> list[dict[str, Any]]:
     """Per-cell metric deltas (b - a) for cells present in both, matched by cell id; status changes too."""
+    return differences(a, b)[0]
+
+
+def differences(a: str | Path, b: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """`compare`'s rows and how many cells the two directories share; none shared is refused (ValueError): two
+    unrelated directories would otherwise read as "no difference"."""
     left = {r["cell_id"]: r for r in load_records(a)}
+    right = load_records(b)
+    common = [rec for rec in right if rec["cell_id"] in left]
+    if not common:
+        raise ValueError(f"{a} and {b} share no cell (matched by cell id: {len(left)} and {len(right)} cells); "
+                         "compare two runs of the same suite or scenarios")
     rows = []
-    for rec in load_records(b):
-        old = left.get(rec["cell_id"])
-        if old is None:
-            continue
+    for rec in common:
+        old = left[rec["cell_id"]]
         label = f"{rec['scenario']}/{rec['defense']}/{rec['attack']}"
         if old["status"] != rec["status"]:
             rows.append({"cell": label, "metric": "status", "a": old["status"], "b": rec["status"], "delta": None})
@@ -104,4 +113,4 @@ def compare(a: str | Path, b: str | Path) -> list[dict[str, Any]]:
             x, y = old["metrics"][key], rec["metrics"][key]
             if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x != y:
                 rows.append({"cell": label, "metric": key, "a": x, "b": y, "delta": y - x})
-    return rows
+    return rows, len({rec["cell_id"] for rec in common})

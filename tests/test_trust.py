@@ -189,6 +189,29 @@ def test_site_checks_every_folder_before_it_writes_any(genuine, tmp_path, capsys
     assert _digests(tmp_path) == before and not (tmp_path / "index.html").exists()
 
 
+def test_compare_refuses_a_forged_record_and_says_how_many_cells_it_compared(genuine, tmp_path, capsys):
+    _write(tmp_path / "a", genuine)
+    _write(tmp_path / "b", genuine)
+    _write(tmp_path / "forged", _forge(genuine, PSNR_999))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "forged")]) == 2
+    _refused(capsys, "forged", "does not match its digest")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "0 difference(s)" in out and "over 1 common cell(s)" in out
+
+
+def test_compare_refuses_directories_without_a_common_cell(genuine, tmp_path, capsys):
+    other = copy.deepcopy(genuine)
+    other[0]["config"]["scenario"]["seed"] = 5
+    other[0]["cell_id"] = config_id(other[0]["config"])
+    del other[0]["environment"]["digest"]      # an older export: no digest, an older fingerprint
+    other[0]["environment"]["fingerprint"] = "0" * 16
+    _write(tmp_path / "a", genuine)
+    _write(tmp_path / "b", other)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    _refused(capsys, "share no cell")
+
+
 def test_reuse_copies_an_honest_record_and_its_page_names_the_source(genuine, tmp_path, capsys):
     _write(tmp_path / "src", genuine)
     assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "src")]) == 0
