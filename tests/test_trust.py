@@ -7,6 +7,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from bench.cli import main
 from bench.protocol.records import check_record, config_id, digest
-from bench.run.runner import run_suite
+from bench.run.runner import run_suite, select
 from bench.run.spec import load_suite
 from bench.run.store import Store
 
@@ -245,6 +246,19 @@ def test_a_committed_export_loads_unchanged():
     from leaderboards.export import load_records
     path = ROOT / "leaderboards" / "results" / "dictpfl-paper" / "results.json"
     assert len(load_records(path)) == len(json.loads(path.read_text())) > 0
+
+
+def test_an_only_pattern_that_selects_nothing_is_refused_with_the_closest_labels(tmp_path, capsys):
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--only", "digits-lenet/*/idlg"]) == 2
+    _refused(capsys, "selects none of the 1 cells", "did you mean", "digits-lenet-smoke/plaintext/idlg")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_readme_only_example_selects_cells():
+    patterns = re.findall(r"--only '([^']+)'", (ROOT / "README.md").read_text())
+    assert patterns
+    for pattern in patterns:
+        assert select(load_suite("default"), pattern), pattern
 
 
 @pytest.mark.parametrize("argv", [["list", "metrics"], ["list", "suites"], ["--help"], ["run", "--help"]])

@@ -23,6 +23,7 @@ is opened (bench/protocol/records.py says what that catches), so a refused one l
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import time
 from dataclasses import dataclass
@@ -67,6 +68,19 @@ def selected(cell: Cell, pattern: str | None) -> bool:
     if any(ch in pattern for ch in "*?["):
         return any(fnmatch.fnmatchcase(label, pattern) for label in labels)
     return any(pattern in label for label in labels)
+
+
+def select(suite: Suite, pattern: str | None) -> list[Cell]:
+    """The cells `pattern` selects; a pattern that selects none is refused (ValueError) with the closest labels,
+    since running nothing and exiting 0 reads as success."""
+    chosen = [c for c in suite.cells if selected(c, pattern)]
+    if pattern and not chosen:
+        labels = list(dict.fromkeys(label for c in suite.cells for label in (
+            c.label, f"{c.scenario.name}/{c.defense.name}/{c.attack.name}")))
+        near = difflib.get_close_matches(pattern, labels, n=3, cutoff=0.0)
+        raise ValueError(f"--only {pattern!r} selects none of the {len(suite.cells)} cells of suite "
+                         f"'{suite.name}'; did you mean {' or '.join(repr(n) for n in near)}?")
+    return chosen
 
 
 def _group(cells: list[Cell]) -> list[list[Cell]]:
@@ -204,7 +218,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     if own:
         check_options(executor, workers, ray_address)
     out = Path(out_dir)
-    chosen = [c for c in suite.cells if selected(c, only)]
+    chosen = select(suite, only)
     fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
     current = set(fingerprints.values()) | {code_fingerprint()}
     export = None   # a new store beside an export is seeded from it; exports are read (and checked) first
@@ -264,4 +278,4 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
                       diverged=counts["diverged"], seeded=seeded, reused=reused)
 
 
-__all__ = ["run_suite", "RunSummary", "selected"]
+__all__ = ["run_suite", "RunSummary", "selected", "select"]
