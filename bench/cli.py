@@ -2,7 +2,8 @@
 `leakbench compare OUT_A OUT_B`.
 
 Bad input (suite, data, store) ends with one line on stderr naming the fault and the fix,
-and exit status 2; a run whose cells failed exits 1 after every result is stored.
+and exit status 2; a run whose cells failed exits 1 after every result is stored. Output read only in part
+(`leakbench list metrics | head -1`) ends quietly: a closed stdout is the reader's choice, not a fault.
 """
 from __future__ import annotations
 
@@ -70,12 +71,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def say(text: str) -> None:
+    """Print a line to stdout; once the reader has closed it, the rest goes to /dev/null and the command
+    goes on to its own exit status (no BrokenPipeError, now or when Python flushes at exit)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _stdout_closed()
+
+
+def _stdout_closed() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _list(kind: str) -> int:
     from bench.catalog import lines, load
 
     for line in load()["refused"]:
         print(f"leakbench: {line}", file=sys.stderr)
-    print("\n".join(lines(kind)))
+    say("\n".join(lines(kind)))
     return 0
 
 
@@ -109,19 +125,19 @@ def _run(args) -> int:
                         force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,
                         ray_address=args.ray_address, reuse=args.reuse)
     if summary.seeded:
-        print(f"suite {suite.name}: {summary.seeded} cell(s) seeded from {args.out}/results.json")
+        say(f"suite {suite.name}: {summary.seeded} cell(s) seeded from {args.out}/results.json")
     if summary.reused:
-        print(f"suite {suite.name}: {summary.reused} cell(s) copied from --reuse")
+        say(f"suite {suite.name}: {summary.reused} cell(s) copied from --reuse")
     if args.dry_run:
         for label, state in summary.plan:
-            print(f"{'skip (done)' if state == 'done' else 'run (' + state + ')':14s} {label}")
-        print(f"suite {suite.name}: {len(summary.plan) - summary.skipped} of {len(summary.plan)} selected cell(s) "
+            say(f"{'skip (done)' if state == 'done' else 'run (' + state + ')':14s} {label}")
+        say(f"suite {suite.name}: {len(summary.plan) - summary.skipped} of {len(summary.plan)} selected cell(s) "
               f"would run ({summary.stale} stale); nothing was run")
         return 0
     store = Store(Path(args.out) / "leakbench.sqlite")
     page = write_outputs(store, args.out)
     store.close()
-    print(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.diverged} diverged, "
+    say(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.diverged} diverged, "
           f"{summary.failed} failed, "
           f"{summary.skipped} already done, {summary.stale} recomputed after a code change; leaderboard: {page}")
     for label, reason in summary.failures:
@@ -161,7 +177,7 @@ def _leaderboard(args) -> int:
     if not path.exists():
         raise FileNotFoundError(f"no results store at {path}; run `leakbench run SUITE --out {args.out}` first")
     store = Store(path)
-    print(f"leaderboard: {write_outputs(store, args.out)}")
+    say(f"leaderboard: {write_outputs(store, args.out)}")
     store.close()
     return 0
 
@@ -177,7 +193,7 @@ def _site(args) -> int:
         except ValueError:
             raise ValueError(f"--date '{args.date}': expected YYYY-MM-DD, e.g. 2026-01-31") from None
     date = args.date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    print(f"site: {build_site(args.root, current=builtin_page_info, generated=date)}")
+    say(f"site: {build_site(args.root, current=builtin_page_info, generated=date)}")
     return 0
 
 
@@ -214,20 +230,30 @@ def _chance(suite) -> dict[str, float]:
 
 
 def _compare(args) -> int:
-    from leaderboards.export import compare
+    from leaderboards.export import differences
 
-    rows = compare(args.out_a, args.out_b)
+    rows, common = differences(args.out_a, args.out_b)
     for row in rows:
         delta = "" if row["delta"] is None else f" ({row['delta']:+.4g})"
-        print(f"{row['cell']}  {row['metric']}: {row['a']} -> {row['b']}{delta}")
-    print(f"{len(rows)} difference(s) between {args.out_a} and {args.out_b} (cells matched by id)")
+        say(f"{row['cell']}  {row['metric']}: {row['a']} -> {row['b']}{delta}")
+    say(f"{len(rows)} difference(s) between {args.out_a} and {args.out_b} over {common} common cell(s) "
+        "(cells matched by id)")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        return _main(argv)
+    except BrokenPipeError:   # a print outside `say` (--help, --version) into a closed stdout
+        _stdout_closed()
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
         args = _parser().parse_args(argv)
     except SystemExit as done:   # --help, --version, or a one-line usage error (already printed)
+        sys.stdout.flush()       # here, where a closed stdout is caught, rather than at exit
         return int(done.code or 0)
     try:
         if args.command == "list":

@@ -5,6 +5,7 @@ fingerprint), status, reason, metrics and details. results.csv: one row per cell
 parameters flattened into columns (scenario.*, defense.*, attack.*) and one column per metric.
 pages.json: each suite's page info (notes, figures, paper rows), so a directory re-renders alone.
 `load_frame` reads either file into a pandas DataFrame; `compare` diffs two output directories.
+Every record read back is checked first (bench/protocol/records.py): an export is a file anyone can edit.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-VOLATILE_ENV = ("run_id",)   # which federated run computed a cell: in the store, kept out of exports so they repeat
+from bench.protocol.records import VOLATILE_ENV, check_record
+
 RECORD_KEYS = ("cell_id", "suite", "scenario", "defense", "defense_params", "attack", "attack_params", "status",
                "reason", "metrics", "details", "config", "environment")
 IDENTITY = ("cell_id", "suite", "scenario", "defense", "attack", "status", "metrics")   # what every record must hold
@@ -45,8 +47,8 @@ def write_exports(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of results.json (or of an output directory's), checked: a file that is not an export is
-    reported in one line, never half read."""
+    """The records of results.json (or of an output directory's), checked: a file that is not an export, or holds
+    a record that cannot be trusted (bench/protocol/records.py), is reported in one line, never half read."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
@@ -59,7 +61,7 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
          for i, r in enumerate(records) if not isinstance(r, dict) or any(k not in r for k in IDENTITY)), None)
     if bad:
         raise ValueError(f"{path} is not a LeakBench export ({bad}); restore it from git or move it aside")
-    return records
+    return [check_record(rec, str(path), i) for i, rec in enumerate(records)]
 
 
 def load_pages(directory: str | Path) -> dict[str, dict[str, Any]]:
@@ -89,12 +91,21 @@ def load_frame(path: str | Path):
 
 def compare(a: str | Path, b: str | Path) -> list[dict[str, Any]]:
     """Per-cell metric deltas (b - a) for cells present in both, matched by cell id; status changes too."""
+    return differences(a, b)[0]
+
+
+def differences(a: str | Path, b: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """`compare`'s rows and how many cells the two directories share; none shared is refused (ValueError): two
+    unrelated directories would otherwise read as "no difference"."""
     left = {r["cell_id"]: r for r in load_records(a)}
+    right = load_records(b)
+    common = [rec for rec in right if rec["cell_id"] in left]
+    if not common:
+        raise ValueError(f"{a} and {b} share no cell (matched by cell id: {len(left)} and {len(right)} cells); "
+                         "compare two runs of the same suite or scenarios")
     rows = []
-    for rec in load_records(b):
-        old = left.get(rec["cell_id"])
-        if old is None:
-            continue
+    for rec in common:
+        old = left[rec["cell_id"]]
         label = f"{rec['scenario']}/{rec['defense']}/{rec['attack']}"
         if old["status"] != rec["status"]:
             rows.append({"cell": label, "metric": "status", "a": old["status"], "b": rec["status"], "delta": None})
@@ -102,4 +113,4 @@ def compare(a: str | Path, b: str | Path) -> list[dict[str, Any]]:
             x, y = old["metrics"][key], rec["metrics"][key]
             if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x != y:
                 rows.append({"cell": label, "metric": key, "a": x, "b": y, "delta": y - x})
-    return rows
+    return rows, len({rec["cell_id"] for rec in common})

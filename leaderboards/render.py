@@ -57,6 +57,17 @@ def reconstructions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def copied(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The scenario's cells copied from another output folder (--reuse) rather than computed for this page:
+    source folder -> their defense · attack labels."""
+    out: dict[str, list[str]] = {}
+    for rec in records:
+        source = rec["details"].get("copied_from")
+        if source:
+            out.setdefault(str(source), []).append(f"{defense_label(rec)} · {attack_label(rec)}")
+    return out
+
+
 def compute_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Where and for how long the stored cells were computed: each federated run's wall time once, plus each
     cell's attack time per attacked upload times its uploads, summed; the machines the records name."""
@@ -100,7 +111,7 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
         texts = [r["texts"] for r in recon if r["texts"]]
         tables.append({"scenario": scen, "id": anchor(suite, scen), "config": config, "summary": _config(config),
                        **table, "plots": scenario_plots(table, recs, out, f"{suite}--{scen}"),
-                       "reconstructions": recon, "unattacked": clear_not_attacked(recs),
+                       "reconstructions": recon, "unattacked": clear_not_attacked(recs), "copied": copied(recs),
                        "not_applicable": (info.get("not_applicable") or {}).get(scen, {}),
                        "text_summary": (f"{sum(t['exact'] for t in texts)}/{sum(t['total'] for t in texts)} "
                                         "sentences exact") if texts else "",

@@ -34,10 +34,12 @@ def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[
     return stored | {k: v for k, v in info.items() if v or k not in stored}   # an empty current fact keeps the run's
 
 
-def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None) -> dict[str, Any]:
-    """Re-render one output directory from its results.json; a summary for the front page."""
+def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None,
+             records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Re-render one output directory from its results.json (or the `records` already read from it); a summary
+    for the front page."""
     directory = Path(directory)
-    records = load_records(directory)
+    records = load_records(directory) if records is None else records
     suites = list(dict.fromkeys(r["suite"] for r in records))
     infos = {s: page_info(s, directory, current) for s in suites}
     render(records, infos, directory, home="../index.html", generated=generated)
@@ -52,12 +54,14 @@ def rerender(directory: str | Path, current: Info | None = None, generated: str 
 def build_site(root: str | Path, current: Info | None = None, generated: str | None = None) -> Path:
     """Re-render every suite directory under root and write root/index.html, the front page; `current` gives a
     suite's page info as its definition has it now (the CLI passes the built-in suites'); `generated` is the
-    date the pages print."""
+    date the pages print. Every directory's results.json and pages.json are read and checked before any page is
+    written: one bad directory leaves the others as they were."""
     root = Path(root)
     dirs = sorted(d for d in root.iterdir() if (d / "results.json").is_file())
     if not dirs:
         raise FileNotFoundError(f"no suite directories with results.json under {root}")
-    entries = [rerender(d, current, generated) for d in dirs]
+    loaded = [(d, load_records(d), load_pages(d)) for d in dirs]   # pages.json checked here, read by page_info
+    entries = [rerender(d, current, generated, records) for d, records, _ in loaded]
     board = overview(entries)
     standard = next((e for e in entries if e["suites"] == [STANDARD]), None)
     core = grid(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None

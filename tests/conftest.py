@@ -35,6 +35,16 @@ def tiny_suite(defenses, attacks, name: str = "tiny", **scenario):
                         "defenses": tables(defenses), "attacks": tables(attacks)})
 
 
+def consistent(rec: dict) -> dict:
+    """A hand-built record as a read-back check wants it (bench/protocol/records.py): a config naming its scenario,
+    defense and attack with their params, and the cell id hashed from that config."""
+    from bench.protocol.records import config_id
+    rec["config"] = {"scenario": {"name": rec["scenario"]},
+                     **{kind: {"name": rec[kind], "params": rec.get(f"{kind}_params", {})} for kind in ("defense", "attack")}}
+    rec["cell_id"] = config_id(rec["config"])
+    return rec
+
+
 @pytest.fixture
 def data_root():
     root = os.environ.get("LEAKBENCH_DATA")

@@ -14,6 +14,7 @@ import pytest
 
 from bench.registry import ATTACKS, METRICS
 from leaderboards.site import build_site
+from tests.conftest import consistent
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "leaderboards" / "results"
@@ -45,16 +46,16 @@ return failures;
 
 
 def _record(suite, scenario, defense, attack, status, metrics, reason="", details=None, params=None):
-    return {"cell_id": f"{suite}-{scenario}-{defense}-{attack}-{params}", "suite": suite, "scenario": scenario,
-            "defense": defense, "defense_params": params or {}, "attack": attack, "attack_params": {},
-            "status": status, "reason": reason, "metrics": metrics,
-            "environment": {"leakbench": "0.1.0", "fingerprint": "0123456789abcdef"},
-            "details": {"key_topology": "shared-client-key" if defense != "plaintext" else "none",
-                        "family": ATTACKS.get(attack).family,
-                        "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics},
-                        "sources": {"defense": {"about": f"{defense}, a test row", "paper": "https://example.org/p"},
-                                    "attack": {"about": attack, "code": "https://example.org/c"}},
-                        **(details or {})}}
+    return consistent({
+        "suite": suite, "scenario": scenario, "defense": defense, "defense_params": params or {}, "attack": attack,
+        "attack_params": {}, "status": status, "reason": reason, "metrics": metrics,
+        "environment": {"leakbench": "0.1.0", "fingerprint": "0123456789abcdef"},
+        "details": {"key_topology": "shared-client-key" if defense != "plaintext" else "none",
+                    "family": ATTACKS.get(attack).family,
+                    "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics},
+                    "sources": {"defense": {"about": f"{defense}, a test row", "paper": "https://example.org/p"},
+                                "attack": {"about": attack, "code": "https://example.org/c"}},
+                    **(details or {})}})
 
 
 def small_site(root: Path) -> Path:

@@ -14,16 +14,17 @@ from leaderboards.render import render
 from leaderboards.tables import scenario_table
 from leaderboards.texts import recovered_texts
 from leaderboards.verdicts import band
+from tests.conftest import consistent
 
 
 def rec(defense, attack, status="ok", reason="", scenario="s", suite="t", **metrics):
     per_target = {k: v for k, v in metrics.items() if isinstance(v, list)}
     metrics = {k: (sum(v) / len(v) if isinstance(v, list) else v) for k, v in metrics.items()}
-    return {"cell_id": f"{scenario}-{defense}-{attack}", "suite": suite, "scenario": scenario, "defense": defense,
-            "defense_params": {}, "attack": attack, "attack_params": {}, "status": status, "reason": reason,
-            "metrics": metrics, "details": {"per_target": per_target, "family": ATTACKS.get(attack).family
-                                            if attack in ATTACKS else "",
-                                            "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics}}}
+    return consistent({"suite": suite, "scenario": scenario, "defense": defense,
+                       "defense_params": {}, "attack": attack, "attack_params": {}, "status": status, "reason": reason,
+                       "metrics": metrics, "details": {"per_target": per_target, "family": ATTACKS.get(attack).family
+                                                       if attack in ATTACKS else "",
+                                                       "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics}}})
 
 
 def _cells(table, defense):
@@ -99,7 +100,7 @@ def test_site_rerenders_from_results_and_links_every_suite(tmp_path):
 
 def test_exports_load_frame_and_compare(tmp_path, capsys):
     base = [rec("plain", "idlg", psnr=30.0), rec("he", "idlg", psnr=5.0)]
-    base[0]["defense_params"] = {"ratio": 0.1}
+    base[0] = consistent(base[0] | {"defense_params": {"ratio": 0.1}})
     render(base, {}, tmp_path / "a")
     changed = json.loads(json.dumps(base))
     changed[0]["metrics"]["psnr"] = 31.5

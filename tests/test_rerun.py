@@ -50,8 +50,8 @@ def test_only_glob_matches_names_without_parameters(tmp_path, capsys):
     suite = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False}), "random-guess"])
     plan = run_suite(suite, tmp_path, dry_run=True, only="*/idlg")
     assert [label for label, _ in plan.plan] == ["tiny/plaintext/idlg(reconstruct=False)"]
-    plan = run_suite(suite, tmp_path, dry_run=True, only="*/idlg(reconstruct=True)")
-    assert not plan.plan
+    with pytest.raises(ValueError, match=r"selects none of the 2 cells.*did you mean 'tiny/plaintext/idlg"):
+        run_suite(suite, tmp_path, dry_run=True, only="*/idlg(reconstruct=True)")   # selects nothing: refused
 
 
 def test_cli_dry_run_runs_nothing(tmp_path, capsys):

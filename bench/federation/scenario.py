@@ -15,12 +15,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.protocol.records import NAME_RE   # a suite's or scenario's name, checked again when a record is read
+
 
 class SpecError(ValueError):
     """A suite or scenario file that cannot be run; the message is the one-line fix."""
 
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 MAX_SEED = 2**32 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 

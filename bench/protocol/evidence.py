@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from bench.protocol.attack import Reconstruction
+from bench.protocol.records import KINDS
 from bench.protocol.view import Knowledge, ServerView
 from bench.registry import METRICS
 
-KINDS = ("privacy", "utility", "cost")
 
 
 @dataclass

@@ -3,8 +3,9 @@
 Each cell becomes a record (status ok, blocked, diverged or failed, with its one-line reason),
 holding what a page needs without today's registry: the attack's family, a snapshot of the
 schema of every metric it reports (display name, unit, direction, format), and the defense's and
-attack's one-line descriptions with their paper and code links. A failing cell never
-stops the others; the exit status reports it.
+attack's one-line descriptions with their paper and code links. Each record is sealed with a digest of
+its content (bench/protocol/records.py), so a later edit is caught where it is read back. A failing
+cell never stops the others; the exit status reports it.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 
 from bench.protocol.attack import Reconstruction
 from bench.protocol import contracts
+from bench.protocol.records import seal
 from bench.registry import ATTACKS, DEFENSES, METRICS
 from bench.run.leases import new_run_id
 from bench.run.spec import Cell
@@ -55,10 +57,10 @@ def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict |
     details["family"] = ATTACKS.get(cell.attack.name).family
     details["sources"] = {"defense": sources(DEFENSES, cell.defense.name), "attack": sources(ATTACKS, cell.attack.name)}
     details["metric_schema"] = {m.name: m.obj.snapshot() for m in METRICS.entries() if m.name in metrics}
-    return {"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
-            "defense": cell.defense.name, "defense_params": cell.defense.params, "attack": cell.attack.name,
-            "attack_params": cell.attack.params, "status": status, "reason": reason, "metrics": metrics,
-            "details": details, "config": cell.config(), "environment": environment(cell)}
+    return seal({"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
+                 "defense": cell.defense.name, "defense_params": cell.defense.params, "attack": cell.attack.name,
+                 "attack_params": cell.attack.params, "status": status, "reason": reason, "metrics": metrics,
+                 "details": details, "config": cell.config(), "environment": environment(cell)})
 
 
 def sources(registry, name: str) -> dict[str, str]:

@@ -17,16 +17,20 @@ version and the cell's fingerprint: the code's and the plugins' that compute it,
 An output directory holding an export (results.json, pages.json: a committed leaderboard) but no store is
 seeded from it first, so a run there resumes the leaderboard: only missing, failed or stale cells run. `reuse`
 names other output directories whose finished cells (same cell id, same fingerprint) are copied instead of
-computed: suites that share a scenario compute its cells once.
+computed, each noting its source folder (details' `copied_from`, shown on its page): suites that share a
+scenario compute its cells once. Every record read from an export or another folder is checked before the store
+is opened (bench/protocol/records.py says what that catches), so a refused one leaves nothing written.
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.protocol.records import DIGEST, RecordError, check_record
 from bench.run.cells import failed
 from bench.run.executors import Job, check_options, make_executor
 from bench.run.leases import Claims, group_id, new_run_id
@@ -64,6 +68,19 @@ def selected(cell: Cell, pattern: str | None) -> bool:
     if any(ch in pattern for ch in "*?["):
         return any(fnmatch.fnmatchcase(label, pattern) for label in labels)
     return any(pattern in label for label in labels)
+
+
+def select(suite: Suite, pattern: str | None) -> list[Cell]:
+    """The cells `pattern` selects; a pattern that selects none is refused (ValueError) with the closest labels,
+    since running nothing and exiting 0 reads as success."""
+    chosen = [c for c in suite.cells if selected(c, pattern)]
+    if pattern and not chosen:
+        labels = list(dict.fromkeys(label for c in suite.cells for label in (
+            c.label, f"{c.scenario.name}/{c.defense.name}/{c.attack.name}")))
+        near = difflib.get_close_matches(pattern, labels, n=3, cutoff=0.0)
+        raise ValueError(f"--only {pattern!r} selects none of the {len(suite.cells)} cells of suite "
+                         f"'{suite.name}'; did you mean {' or '.join(repr(n) for n in near)}?")
+    return chosen
 
 
 def _group(cells: list[Cell]) -> list[list[Cell]]:
@@ -131,33 +148,47 @@ def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store,
             claims.release(grp)
 
 
-def exported(directory: Path) -> list[dict[str, Any]]:
-    """The records an output directory holds: its store's, else its export's (results.json); a directory with
-    neither is refused in one line (ValueError)."""
+def exported(directory: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The file an output directory's records come from and its records, each checked: its store's, else its
+    export's (results.json); a directory with neither, or a record that cannot be trusted, is refused in one line
+    (ValueError)."""
     if (directory / "leakbench.sqlite").is_file():
         store = Store(directory / "leakbench.sqlite")
         try:
-            return store.records()
+            return str(store.path), [check_record(rec, str(store.path), i) for i, rec in enumerate(store.records())]
         finally:
             store.close()
     if (directory / "results.json").is_file():
-        return load_records(directory)
+        return str(directory / "results.json"), load_records(directory)
     raise ValueError(f"--reuse '{directory}' holds neither leakbench.sqlite nor results.json; pass an output "
                      "directory of `leakbench run`")
 
 
+def refuse_undigested(where: str, records: list[dict[str, Any]], current: set[str]) -> None:
+    """A record without a digest that claims the running code's fingerprint had it removed (this code seals every
+    record it writes): refused (RecordError), since it would be copied or seeded as done. An undigested record
+    with another fingerprint is older code's: stale, so recomputed rather than trusted."""
+    for rec in records:
+        env = rec.get("environment") or {}
+        if DIGEST not in env and env.get("fingerprint") in current:
+            raise RecordError(f"{where}: cell {rec['cell_id']} cannot be trusted (it claims this code's fingerprint "
+                              "but carries no digest, which this code always writes); restore the file from git or "
+                              "recompute the cell")
+
+
 def reusable(store: Store, cells: list[Cell], fingerprints: dict[str, str],
-             sources: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """The finished records of other output directories (`exported`) for cells this store lacks, computed by the
-    same code (cell id and fingerprint match), by cell id."""
+             sources: list[tuple[str, str, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
+    """The finished records of other output directories ((directory, file, records): `exported`) for cells this
+    store lacks, computed by the same code (cell id and fingerprint match), by cell id, each noting the directory
+    it came from."""
     wanted = {c.cell_id for c in cells if not store.finished(c.cell_id, fingerprints[c.cell_id])}
     found: dict[str, dict[str, Any]] = {}
-    for records in sources:
+    for directory, _, records in sources:
         for rec in records:
             cid = rec["cell_id"]
             if cid in wanted and cid not in found and rec["status"] in FINISHED and \
                     (rec.get("environment") or {}).get("fingerprint") == fingerprints[cid]:
-                found[cid] = rec
+                found[cid] = {**rec, "details": {**rec.get("details", {}), "copied_from": directory}}
     return found
 
 
@@ -171,7 +202,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     `executor` is a name (local, process, ray; None: local for one worker, process for more) or an
     executor object (bench/run/executors.py), which the caller then closes."""
     from bench.data.loading import resolve_data_root
-    from bench.run.version import cell_fingerprint
+    from bench.run.version import cell_fingerprint, code_fingerprint
 
     root = resolve_data_root(data_root)
     root = None if root is None else str(root)
@@ -187,15 +218,19 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     if own:
         check_options(executor, workers, ray_address)
     out = Path(out_dir)
+    chosen = select(suite, only)
+    fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
+    current = set(fingerprints.values()) | {code_fingerprint()}
     export = None   # a new store beside an export is seeded from it; exports are read (and checked) first
     if not (out / "leakbench.sqlite").exists() and (out / "results.json").is_file():
         export = load_records(out), load_pages(out)
-    sources = [exported(Path(r)) for r in reuse]   # checked even when --force copies nothing
+        refuse_undigested(str(out / "results.json"), export[0], current)
+    sources = [(str(Path(r)), *exported(Path(r))) for r in reuse]   # checked even when --force copies nothing
+    for _, where, records in sources:
+        refuse_undigested(where, records, current)
     path = out / "leakbench.sqlite"
     store = Store(path if path.exists() or not dry_run else ":memory:")   # a dry run writes no store
     seeded = store.seed(*export) if export else 0
-    chosen = [c for c in suite.cells if selected(c, only)]
-    fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
     copies = {} if force else reusable(store, chosen, fingerprints, sources)
     if not dry_run:
         for rec in copies.values():
@@ -243,4 +278,4 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
                       diverged=counts["diverged"], seeded=seeded, reused=reused)
 
 
-__all__ = ["run_suite", "RunSummary", "selected"]
+__all__ = ["run_suite", "RunSummary", "selected", "select"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import itertools
 import json
 import tomllib
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name
+from bench.protocol.records import config_id
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,7 @@ class Cell:
     @property
     def cell_id(self) -> str:
         """Stable hash of the full config (suite name excluded: the same cell is the same work)."""
-        blob = json.dumps(self.config(), sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return config_id(self.config())
 
     @property
     def label(self) -> str:

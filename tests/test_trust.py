@@ -1,0 +1,272 @@
+"""Records a benchmark can trust: a forged or malformed record read back (--reuse, seeding from an export,
+`site`, `compare`) is refused in one line naming the file and the cell, exit 2, before anything is written.
+Each hostile record is the smoke cell's genuine record with one field forged."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.protocol.records import check_record, config_id, digest
+from bench.run.runner import run_suite, select
+from bench.run.spec import load_suite
+from bench.run.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def genuine(tmp_path_factory) -> list[dict]:
+    """The smoke suite's export, computed once: one sealed record."""
+    out = tmp_path_factory.mktemp("smoke")
+    assert run_suite(load_suite("smoke"), out).ok == 1
+    from leaderboards.render import write_outputs
+    store = Store(out / "leakbench.sqlite")
+    write_outputs(store, out)
+    store.close()
+    return json.loads((out / "results.json").read_text())
+
+
+def _set(path: str, value):
+    def edit(rec):
+        *keys, last = path.split(".")
+        target = rec
+        for key in keys:
+            target = target[key]
+        target[last] = value
+    return edit
+
+
+def _del(path: str):
+    def edit(rec):
+        *keys, last = path.split(".")
+        target = rec
+        for key in keys:
+            target = target[key]
+        del target[last]
+    return edit
+
+
+def _both(*edits):
+    def edit(rec):
+        for e in edits:
+            e(rec)
+    return edit
+
+
+PSNR_999 = _set("metrics.psnr", 999.0)
+# (id, edit of the genuine record, a phrase of the refusal)
+FORGED = [
+    ("config-changed-id-kept", _both(_set("config.scenario.seed", 5), PSNR_999), "not the hash of its config"),
+    ("config-params-changed", _set("config.attack.params", {"steps": 1000}), "not the hash of its config"),
+    ("id-changed", _set("cell_id", "0123456789abcdef"), "not the hash of its config"),
+    ("metric-changed", PSNR_999, "does not match its digest"),
+    ("metric-changed-digest-removed", _both(PSNR_999, _del("environment.digest")), "carries no digest"),
+    ("metric-added-to-schema-too", _both(_set("metrics.psnr2", 1.0), _set("details.metric_schema.psnr2", {
+        "unit": "dB", "kind": "privacy", "lower_is_better": True})), "does not match its digest"),
+    ("fingerprint-changed", _set("environment.fingerprint", "0" * 16), "does not match its digest"),
+    ("digest-changed", _set("environment.digest", "0" * 16), "does not match its digest"),
+    ("status-changed", _set("status", "blocked"), "does not match its digest"),
+    ("reason-changed", _set("reason", "blocked by design: nothing"), "does not match its digest"),
+    ("detail-changed", _set("details.family", "membership"), "does not match its digest"),
+    ("per-target-changed", _set("details.per_target.psnr", [999.0]), "does not match its digest"),
+    ("scenario-relabelled", _set("scenario", "digits-mlp-b8"), "scenario 'digits-mlp-b8' is not its config's"),
+    ("defense-relabelled", _set("defense", "fedhe-full"), "defense 'fedhe-full'"),
+    ("attack-relabelled", _set("attack", "ilrg"), "attack 'ilrg'"),
+    ("attack-params-relabelled", _set("attack_params", {"steps": 1000}), "attack 'idlg' with its params"),
+    ("defense-params-relabelled", _set("defense_params", {"ratio": 0.1}), "defense 'plaintext' with its params"),
+    ("config-without-attack", _both(_del("config.attack"), lambda r: r.update(cell_id=config_id(r["config"]))),
+     "lacks the scenario, defense or attack"),
+    ("no-config", _del("config"), "no config"),
+    ("status-unknown", _set("status", "great"), "status 'great'"),
+    ("metric-not-in-schema", _set("metrics.psnr2", 1.0), "'psnr2' is not in its metric schema"),
+    ("metric-a-list", _set("metrics.psnr", [1.0]), "'psnr' is list"),
+    ("metric-a-dict", _set("metrics.psnr", {"v": 1}), "'psnr' is dict"),
+    ("schema-not-a-dict", _set("details.metric_schema", ["psnr"]), "metric schema is not an object"),
+    ("schema-entry-a-string", _set("details.metric_schema.psnr", "dB"), "'psnr': not an object"),
+    ("schema-kind-unknown", _set("details.metric_schema.psnr.kind", "fun"), "kind 'fun'"),
+    ("schema-direction-a-string", _set("details.metric_schema.psnr.lower_is_better", "yes"), "lower_is_better"),
+    ("schema-no-unit", _del("details.metric_schema.psnr.unit"), "no unit"),
+    ("schema-format-attribute", _set("details.metric_schema.psnr.fmt", "{0.__class__}"), "format"),
+    ("schema-format-huge", _set("details.metric_schema.psnr.fmt", "{:.99999999f}"), "format"),
+    ("schema-flag-a-bool", _set("details.metric_schema.psnr.flag_above", True), "flag_above"),
+    ("cell-id-a-list", lambda r: r.update(cell_id=[r["cell_id"]]), "cell_id is list"),
+    ("cell-id-an-int", _set("cell_id", 7), "cell_id is int"),
+    ("environment-a-string", _set("environment", "cpu"), "environment is str"),
+    ("metrics-a-list", _set("metrics", [["psnr", 999.0]]), "metrics is list"),
+    ("details-a-string", _set("details", "{}"), "details is str"),
+    ("config-a-list", _set("config", []), "config is list"),
+    ("params-a-list", _set("attack_params", []), "attack_params is list"),
+    ("suite-an-int", _set("suite", 3), "suite is int"),
+    ("suite-escapes", _set("suite", "../../x"), "not a safe name"),
+    ("scenario-a-path", _set("scenario", "a/b"), "not a safe name"),
+    ("fingerprint-an-int", _set("environment.fingerprint", 123), "fingerprint is int"),
+    ("copied-from-a-list", _set("details.copied_from", ["x"]), "not text"),
+]
+
+
+def _forge(genuine: list[dict], edit) -> list[dict]:
+    records = copy.deepcopy(genuine)
+    edit(records[0])
+    return records
+
+
+def _write(directory: Path, records) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "results.json").write_text(json.dumps(records))
+    return directory / "results.json"
+
+
+def _refused(capsys, *phrases) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("leakbench: error: ") and "Traceback" not in err, err
+    for phrase in phrases:
+        assert phrase in err, (phrase, err)
+    return err
+
+
+def test_the_genuine_record_passes(genuine):
+    rec = check_record(genuine[0], "results.json")
+    assert rec["environment"]["digest"] == digest(rec) and rec["cell_id"] == config_id(rec["config"])
+
+
+@pytest.mark.parametrize("edit, phrase", [c[1:] for c in FORGED], ids=[c[0] for c in FORGED])
+def test_a_forged_record_is_refused_at_reuse(genuine, tmp_path, capsys, edit, phrase):
+    source = _write(tmp_path / "src", _forge(genuine, edit))
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "src")]) == 2
+    _refused(capsys, phrase, str(source))
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("cid", ["config-changed-id-kept", "metric-changed", "metric-changed-digest-removed",
+                                 "defense-relabelled", "environment-a-string"])
+def test_a_forged_export_is_refused_before_its_store_is_seeded(genuine, tmp_path, capsys, cid):
+    edit, phrase = dict((c[0], c[1:]) for c in FORGED)[cid]
+    export = _write(tmp_path, _forge(genuine, edit))
+    before = export.read_bytes()
+    assert main(["run", "smoke", "--out", str(tmp_path)]) == 2
+    _refused(capsys, phrase, str(export), genuine[0]["cell_id"])
+    assert not (tmp_path / "leakbench.sqlite").exists() and export.read_bytes() == before
+
+
+def test_a_forged_record_in_a_reused_store_is_refused(genuine, tmp_path, capsys):
+    store = Store(tmp_path / "src" / "leakbench.sqlite")
+    forged = _forge(genuine, PSNR_999)[0]
+    store.put(forged)
+    store.set_membership("smoke", [forged["cell_id"]])
+    store.close()
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "src")]) == 2
+    _refused(capsys, "does not match its digest", "leakbench.sqlite", forged["cell_id"])
+    assert not (tmp_path / "o").exists()
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("bad, phrase", [("forged", "does not match its digest"), ("{not json", "not valid JSON"),
+                                         ("pages", "not a LeakBench pages file")])
+def test_site_checks_every_folder_before_it_writes_any(genuine, tmp_path, capsys, bad, phrase):
+    """A good folder, then a bad one: the good page is left as it was, and no front page is written."""
+    _write(tmp_path / "a-good", genuine)
+    (tmp_path / "a-good" / "index.html").write_text("the page as committed")
+    export = _write(tmp_path / "b-bad", _forge(genuine, PSNR_999) if bad == "forged" else genuine)
+    if bad == "pages":
+        (tmp_path / "b-bad" / "pages.json").write_text("[]")
+    elif bad != "forged":
+        export.write_text(bad)
+    before = _digests(tmp_path)
+    assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 2
+    _refused(capsys, "b-bad", phrase)
+    assert _digests(tmp_path) == before and not (tmp_path / "index.html").exists()
+
+
+def test_compare_refuses_a_forged_record_and_says_how_many_cells_it_compared(genuine, tmp_path, capsys):
+    _write(tmp_path / "a", genuine)
+    _write(tmp_path / "b", genuine)
+    _write(tmp_path / "forged", _forge(genuine, PSNR_999))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "forged")]) == 2
+    _refused(capsys, "forged", "does not match its digest")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "0 difference(s)" in out and "over 1 common cell(s)" in out
+
+
+def test_compare_refuses_directories_without_a_common_cell(genuine, tmp_path, capsys):
+    other = copy.deepcopy(genuine)
+    other[0]["config"]["scenario"]["seed"] = 5
+    other[0]["cell_id"] = config_id(other[0]["config"])
+    del other[0]["environment"]["digest"]      # an older export: no digest, an older fingerprint
+    other[0]["environment"]["fingerprint"] = "0" * 16
+    _write(tmp_path / "a", genuine)
+    _write(tmp_path / "b", other)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    _refused(capsys, "share no cell")
+
+
+def test_reuse_copies_an_honest_record_and_its_page_names_the_source(genuine, tmp_path, capsys):
+    _write(tmp_path / "src", genuine)
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--reuse", str(tmp_path / "src")]) == 0
+    assert "1 cell(s) copied from --reuse" in capsys.readouterr().out
+    rec, = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert rec["details"]["copied_from"] == str(tmp_path / "src")
+    assert check_record(rec, "results.json")["environment"]["digest"] == genuine[0]["environment"]["digest"]
+    page = (tmp_path / "o" / "index.html").read_text()
+    assert "Copied with <code>--reuse</code>" in page and str(tmp_path / "src") in page
+    (tmp_path / "o" / "leakbench.sqlite").unlink()     # the export alone, as committed, seeds a store and renders
+    assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 0
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    assert "skip (done)" in capsys.readouterr().out
+
+
+def test_an_older_record_without_a_digest_loads_and_is_recomputed(genuine, tmp_path, capsys):
+    """What the committed exports before digests hold: no digest, another code's fingerprint. It loads, its
+    page shows nothing new, and a run recomputes it rather than trusting it."""
+    old = copy.deepcopy(genuine)
+    del old[0]["environment"]["digest"]
+    old[0]["environment"]["fingerprint"] = "0" * 16
+    _write(tmp_path / "old", old)
+    assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 0
+    assert "Copied with" not in (tmp_path / "old" / "index.html").read_text()
+    capsys.readouterr()
+    assert main(["run", "smoke", "--out", str(tmp_path / "old"), "--dry-run"]) == 0
+    assert "run (stale)" in capsys.readouterr().out
+
+
+def test_a_committed_export_loads_unchanged():
+    from leaderboards.export import load_records
+    path = ROOT / "leaderboards" / "results" / "dictpfl-paper" / "results.json"
+    assert len(load_records(path)) == len(json.loads(path.read_text())) > 0
+
+
+def test_an_only_pattern_that_selects_nothing_is_refused_with_the_closest_labels(tmp_path, capsys):
+    assert main(["run", "smoke", "--out", str(tmp_path / "o"), "--only", "digits-lenet/*/idlg"]) == 2
+    _refused(capsys, "selects none of the 1 cells", "did you mean", "digits-lenet-smoke/plaintext/idlg")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_readme_only_example_selects_cells():
+    patterns = re.findall(r"--only '([^']+)'", (ROOT / "README.md").read_text())
+    assert patterns
+    for pattern in patterns:
+        assert select(load_suite("default"), pattern), pattern
+
+
+@pytest.mark.parametrize("argv", [["list", "metrics"], ["list", "suites"], ["--help"], ["run", "--help"]])
+def test_a_closed_stdout_ends_quietly(argv):
+    """`leakbench list metrics | head -1`: the reader closes the pipe before the output is written."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=ROOT)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and "Error" not in err and "Traceback" not in err, err
