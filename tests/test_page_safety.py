@@ -8,6 +8,7 @@ import pytest
 
 from bench.cli import main
 from bench.registry import METRICS
+from tests.conftest import consistent
 from leaderboards.render import env, render
 from leaderboards.safe import notes_html, safe_url, site_href
 
@@ -104,9 +105,11 @@ def test_hostile_notes_description_names_and_record_links_render_inert(tmp_path)
 
 
 def test_site_over_a_hostile_pages_json_and_directory_name_renders_inert(tmp_path):
-    for name in ("t", "javascript:alert(11)"):
-        render(hostile_records(name), {name: {}}, tmp_path / name)
-        (tmp_path / name / "pages.json").write_text(json.dumps({name: {"notes": NOTES, "description": DESCRIPTION}}))
+    for name in ("t", "javascript:alert(11)"):   # records read back are checked: their suite and scenario are
+        suite = "t" if name == "t" else "u"         # file names, so the hostile text rides in every other field
+        records = [consistent({**r, "scenario": "s"}) for r in hostile_records(suite)]
+        render(records, {suite: {}}, tmp_path / name)
+        (tmp_path / name / "pages.json").write_text(json.dumps({suite: {"notes": NOTES, "description": DESCRIPTION}}))
     assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 0
     front = (tmp_path / "index.html").read_text()
     assert_inert(front)
