@@ -86,10 +86,10 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
     def href(rec):
         return f"{name}/index.html#{rec['suite']}--{rec['scenario']}"
 
-    rows = []
-    for d in dict.fromkeys(defense_label(r) for r in records):
+    rows = []   # every defense with a record, and those that apply to no core scenario (n/a throughout)
+    for d in dict.fromkeys([defense_label(r) for r in records] + [d for s in scenarios for d in na.get(s, {})]):
         mine = [r for r in records if defense_label(r) == d]
-        if mine[0]["defense"] in untrained:
+        if mine and mine[0]["defense"] in untrained:
             continue   # the untrained model is a yardstick of utility, not a defense
         cells, measured, applicable = [], 0, 0
         for col in columns:
@@ -105,11 +105,13 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
                               "sort": ""})
                 applicable += 1
         no_util = "; ".join(f"{s}: {flat[s][d]}" for s in scenarios if d in flat[s])
-        rows.append({"name": d, "defense": mine[0]["defense"], "sources": sources(mine[0], "defense"),
+        rows.append({"name": d, "defense": mine[0]["defense"] if mine else d,
+                     "sources": sources(mine[0], "defense") if mine else {},
                      "cells": cells, "measured": measured, "applicable": applicable, "no_utility": no_util,
                      "topology": next((r["details"].get("key_topology") for r in mine
                                        if r["details"].get("key_topology")), ""),
-                     "verdict": worst([c["verdict"] for c in cells if c["kind"] in ("ok", "blocked")]),
+                     "verdict": worst([c["verdict"] for c in cells if c["kind"] in ("ok", "blocked")])
+                     if measured else Verdict("", "n/a" if not applicable else "not run", ""),
                      "utility": _utility(mine, records, info, href), "he": _he(mine, href)})
     rows.sort(key=lambda r: (bool(r["no_utility"]), LEVELS.index(r["verdict"].level)
                              if r["verdict"].level in LEVELS else len(LEVELS), r["name"]))

@@ -91,6 +91,9 @@ def test_the_core_grid_counts_coverage_and_shows_every_symbol():
     assert plain["ilrg"]["kind"] == "uncal" and plain["idlg"]["verdict"].level == "leak"
     assert dict(zip(cols, rows["he"]["cells"]))["idlg"]["kind"] == "blocked"
     assert rows["he"]["measured"] == rows["he"]["applicable"] == 2
+    lora = rows["lora-only"]                                          # no record: a row of n/a cells with reasons
+    assert [c["kind"] for c in lora["cells"]] == ["na", "na"] and lora["applicable"] == 0
+    assert "no LoRA adapters" in lora["cells"][0]["verdict"].why and lora["verdict"].text == "n/a"
 
 
 def test_paper_rows_say_who_reported_and_whether_ours_agrees():
