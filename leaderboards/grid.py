@@ -21,14 +21,27 @@ from leaderboards.usefulness import useless
 from leaderboards.verdicts import BANDS, LEVELS, Verdict, worst
 
 GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
-HEADLINE = ("audited_epsilon", "psnr", "lpips", "rouge1", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "label_acc",
-            "lnacc", "leacc")   # a column's headline: the first its records report (the audit's is its epsilon)
+HEADLINE = ("psnr", "lpips", "rouge1", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "label_acc", "lnacc", "leacc")
+FAMILY_HEADLINE = {"audit": ("audited_epsilon",)}   # the audit column's headline is its epsilon
 HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")
 
 
-def _headline(recs: list[dict[str, Any]]) -> str | None:
+def _headline(recs: list[dict[str, Any]], fam: str) -> str | None:
+    """A column's headline: the first metric of its family's list (else the shared list) its records report."""
     present = {k for r in recs if r["status"] == "ok" for k, v in r["metrics"].items() if is_number(v)}
-    return next((k for k in HEADLINE if k in present), None)
+    return next((k for k in FAMILY_HEADLINE.get(fam, ()) + HEADLINE if k in present), None)
+
+
+def _support(rec: dict[str, Any], fam: str, key: str | None) -> str:
+    """What the value rests on: attacked uploads, or the membership candidates / canary trials scored."""
+    details = rec["details"]
+    if is_number(details.get("n_nonmembers")):
+        members = details.get("n_members")
+        return (f"{members:.0f} members, " if is_number(members) else "") + f"{details['n_nonmembers']:.0f} non-members"
+    n = len(details.get("per_target", {}).get(key) or []) if key else 0
+    n = n or ((rec.get("config") or {}).get("scenario") or {}).get("attack_repeats", 0)
+    word = "trial" if fam == "audit" else "attacked upload"
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def _columns(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -39,8 +52,9 @@ def _columns(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cols = []
     for a in labels:
         mine = [r for r in records if attack_label(r) == a]
-        key = _headline(mine)
-        cols.append({"attack": a, "family": fam[a], "key": key, "shown": schema.get(key),
+        key = _headline(mine, fam[a])
+        cols.append({"attack": a, "name": mine[0]["attack"], "params": a[len(mine[0]["attack"]):],
+                     "family": fam[a], "key": key, "shown": schema.get(key),
                      "scenarios": list(dict.fromkeys(r["scenario"] for r in mine)),
                      "sources": sources(mine[0], "attack")})
     return cols
@@ -55,11 +69,10 @@ def _cell(recs: list[dict[str, Any]], col: dict[str, Any], cal: dict, schema, hr
                   if record_verdict(r, schema).level in LEVELS else -1)
         verdict, key, shown = record_verdict(rec, schema), col["key"], col["shown"]
         value = rec["metrics"].get(key) if key else None
-        n = len(rec["details"].get("per_target", {}).get(key) or []) if key else 0
         return {"kind": "ok", "verdict": verdict, "sort": LEVELS.index(verdict.level) if verdict.level else "",
                 "value": number(value, shown.unit, shown.fmt) if shown and is_number(value) else "",
                 "interval": interval(rec["details"].get(f"{key}_ci95"), shown.unit, shown.fmt) if shown else "",
-                "uploads": n or ((rec.get("config") or {}).get("scenario") or {}).get("attack_repeats", ""),
+                "support": _support(rec, col["family"], key),
                 "metric": shown.header if shown else "", "drives": verdict.why, "href": href(rec)}
     for status in ("diverged", "failed"):
         hit = [r for r in judged if r["status"] == status]

@@ -85,7 +85,7 @@ def test_the_core_grid_counts_coverage_and_shows_every_symbol():
     rows = {r["name"]: r for r in core["rows"]}
     assert [r["name"] for r in core["rows"]][-1] == "noise"          # no utility: last
     noise = dict(zip(cols, rows["noise"]["cells"]))
-    assert noise["idlg"]["verdict"].text == "image not recovered" and noise["idlg"]["uploads"] == 2
+    assert noise["idlg"]["verdict"].text == "image not recovered" and noise["idlg"]["support"] == "2 attacked uploads"
     assert noise["ilrg"]["kind"] == "missing" and rows["noise"]["measured"] == 1 and rows["noise"]["applicable"] == 2
     plain = dict(zip(cols, rows["plain"]["cells"]))
     assert plain["ilrg"]["kind"] == "uncal" and plain["idlg"]["verdict"].level == "leak"
