@@ -145,3 +145,22 @@ def test_a_membership_attack_without_mia_size_gets_the_default_pool(tmp_path):
     rec = Store(tmp_path / "leakbench.sqlite").records()[0]
     labels = rec["details"]["labels"]
     assert len(labels) == 2 * min(DEFAULT_SIZE, 80 - 20) and sum(labels) == len(labels) // 2
+
+
+def test_an_update_beyond_the_encodings_range_is_a_divergence_not_a_failure(monkeypatch):
+    """A blown-up update that CKKS cannot encode stops the run as diverged at that round, with the reason."""
+    import bench.crypto.params as params
+    import defenses.selective as selective
+    from bench.data.loading import load_dataset
+    from bench.federation.engine import run_federation
+    from bench.federation.scenario import Scenario
+
+    def blown_up(self, fed, client, update, weight):
+        raise params.OutOfRange(client.name, "value magnitude 433670 exceeds 131072, the largest this key's "
+                                             "encoding can hold")
+
+    monkeypatch.setattr(selective.FedHEFull, "encode", blown_up)
+    sc = Scenario(name="s", dataset="digits", model="mlp", num_clients=2, clients_per_round=2, rounds=2)
+    run = run_federation(sc, load_dataset("digits", None, seed=0, seq_len=32), DEFENSES.get("fedhe-full")())
+    assert run.diverged and "round 0" in run.diverged and "left the range its encryption can encode" in run.diverged
+    assert run.metrics["diverged_round"] == 0 and "accuracy" in run.metrics

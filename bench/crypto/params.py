@@ -46,6 +46,12 @@ class CryptoError(ValueError):
         return type(self), (self.party, self.problem)
 
 
+class OutOfRange(CryptoError):
+    """A value beyond what the key's encoding can hold: the training that produced it left the range the
+    protocol can carry (the engine records the run as diverged, an outcome, not an error)."""
+
+
+
 @dataclass(frozen=True)
 class CKKSParams:
     """A CKKS parameter set; refuses sets below the security level it claims."""
@@ -187,7 +193,7 @@ def _as_vector(values: Any, party: str, max_abs: float) -> np.ndarray:
             raise CryptoError(party, f"cannot encrypt non-finite value {flat[bad][0]} at index {int(np.argmax(bad))}")
         peak = float(np.abs(flat).max())
         if peak > max_abs:
-            raise CryptoError(party, f"value magnitude {peak:g} exceeds {max_abs:g}, the largest this key's "
+            raise OutOfRange(party, f"value magnitude {peak:g} exceeds {max_abs:g}, the largest this key's "
                                      f"encoding can hold; pre-weight or rescale the update")
     return flat
 

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from bench.crypto.params import OutOfRange
 from bench.federation import candidates
 from bench.federation.canary import coins, make_canary, trial_batch, trial_update
 from bench.federation.client_devices import assign
@@ -220,6 +221,9 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
             _aggregate(fed, defense, sampled, uploads, known)
         except Diverged as err:   # the global model stays the last finite one; its utility is reported
             diverged = err
+            break
+        except OutOfRange as err:   # an update the encryption cannot carry: training left the protocol's range
+            diverged = Diverged(r, "an update", f"left the range its encryption can encode ({err})")
             break
         current = fed.params()
         last = {n: torch.where(known[n], current[n], last[n]) for n in fed.names}

@@ -1,7 +1,8 @@
 """The state of a federated run: its clients (data, party, personalized entries, device profile), the
 targets it keeps for attacks, the Federation object defense hooks receive, and the finished run.
 
-A non-finite update, loss or model raises Diverged (an outcome the engine reports, not an error).
+A non-finite update, loss or model raises Diverged (an outcome the engine reports, not an error), and so does
+an update beyond what the defense's encryption can encode (bench/crypto/params.py OutOfRange).
 """
 from __future__ import annotations
 
@@ -189,8 +190,8 @@ class FederationRun:
 class Diverged(Exception):
     """Training produced a non-finite value: the run stops at this round (an outcome, not an error)."""
 
-    def __init__(self, round: int, what: str):
-        super().__init__(f"training diverged at round {round}: {what} is not finite (NaN or inf)")
+    def __init__(self, round: int, what: str, why: str = "is not finite (NaN or inf)"):
+        super().__init__(f"training diverged at round {round}: {what} {why}")
         self.round = round
 
 
