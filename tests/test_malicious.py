@@ -131,17 +131,25 @@ def test_the_client_fills_in_what_the_server_does_not_know():
     assert isinstance(run.modified["copies"], Exception) and "(NaN)" in str(run.modified["copies"])
 
 
-def test_client_side_selection_runs_on_the_modified_model():
-    """MaskCrypt's proposal in the exchange ranks the modified model's entries: it holds rho of their count."""
-    suite = tiny_suite([("maskcrypt", {"rho": 0.05})], [("imprint", {"bins": 16})], attack_batch_size=4)
+SELECTION = [  # (defense, the attacked client's clear message of its selection, entries it describes)
+    (("maskcrypt", {"rho": 0.05}), "mask proposal", lambda blob, n: len(blob) // 4 == max(1, round(0.05 * n))),
+    (("selectiveshield", {"noise": False}), "sensitive mask", lambda blob, n: len(blob) == -(-n // 8)),
+    (("sensecrypt", {"key_bits": 512, "ratio_cap": 0.05}), "sensitivity vector", lambda blob, n: len(blob) == 4 * n),
+]
+
+
+@pytest.mark.parametrize("defense,message,describes", SELECTION, ids=[d[0][0] for d in SELECTION])
+def test_client_side_selection_runs_on_the_modified_model(defense, message, describes):
+    """MaskCrypt's proposal, SelectiveShield's Fisher mask and SenseCrypt's sensitivity vector, as the attacked
+    client sends them in the exchange, cover the modified model's entries (the block's 16 x 64 + 16 more)."""
+    suite = tiny_suite([defense], [("imprint", {"bins": 16})], attack_batch_size=4)
     cells = list(preflight(suite, None).cells)
     run = federate(cells[0], None, group=cells)
     target = run.modified[cells[0].attack.label][0]
-    sizes = {n: v.numel() for n, v in target.view.values.items()}
-    honest = sum(v.numel() for v in run.targets[0].view.values.values())
-    proposal = next(v for k, v in target.view.meta.items() if k.endswith("mask proposal"))
-    assert sum(sizes.values()) == honest + 16 * 64 + 16
-    assert len(proposal) // 4 == max(1, round(0.05 * sum(sizes.values())))
+    total = sum(v.numel() for v in target.view.values.values())
+    assert total == sum(v.numel() for v in run.targets[0].view.values.values()) + 16 * 64 + 16
+    blob = next(v for k, v in target.view.meta.items() if k.endswith("/" + message))
+    assert describes(blob, total)
 
 
 @pytest.mark.parametrize("batch", [16, 64])
