@@ -74,14 +74,13 @@ def image_model_applicable(setting: Setting) -> str | None:
 
 def block_blocked(view: ServerView, knowledge: Knowledge, whole: bool) -> str | None:
     """Why no row of the block can be read from this view, or None (`whole`: a row needs every entry)."""
-    if WEIGHT not in view.visible or WEIGHT not in knowledge.global_params:
-        return "the upload carries no gradient of the block the server sent (the model it was computed on differs)"
     if view.visible_fraction() == 0.0:
         return "the server view is empty: every entry is encrypted or kept local"
-    if not readable_rows(view, whole).any():
-        return "no row of the block has its bias gradient and " + \
-            ("its whole weight-gradient row in the clear" if whole else "a weight-gradient entry in the clear")
-    return None
+    if readable_rows(view, whole).any():
+        return None
+    if whole:
+        return "no row of the block has its bias gradient and its whole weight-gradient row in the clear"
+    return "no row of the block has its bias gradient and a weight-gradient entry in the clear"
 
 
 def readable_rows(view: ServerView, whole: bool) -> torch.Tensor:
