@@ -11,12 +11,14 @@ The default query is a random direction: digits' brightness takes few values (64
 two images of a batch often tie on it and share a bin; CIFAR's does not.
 
 Compared with breaching (cases/malicious_modifications/imprint.py ImprintBlock, attacks/analytic_attack.py
-ImprintAttacker): the same cumulative bins and readout (row differences, then weight over bias gradient);
-breaching puts the thresholds at quantiles of a standard normal (a Laplace for its DCT query) because its
-data are normalized to zero mean and unit variance, we at empirical quantiles of the query on public
-inputs in [0, 1]; its default connection back to the image is a linear layer (the addition is an option),
-ours the addition; both pad a batch with fewer hits than images with zeros; with more hits than images
-(noise) breaching keeps the smallest mean weight gradients or bias gradients, we the largest bias-gradient
+ImprintAttacker): the same cumulative bins and readout (row differences, then weight over bias gradient),
+except that breaching differences each row with the one below and keeps the first row as it is (the whole
+batch's weighted mean, one wasted slot), so it never reads the top bin alone, which we do. Breaching puts
+the thresholds at quantiles of a standard normal (a Laplace for its DCT query) because its data are
+normalized to zero mean and unit variance, we at empirical quantiles of the query on public inputs in
+[0, 1]. Its default connection back to the image is a linear layer (the addition is an option), ours the
+addition. Both pad a batch with fewer hits than images with zeros; with more hits than images (noise)
+breaching keeps the smallest mean weight gradients or bias gradients, we the largest bias-gradient
 differences (the rows that carry a sample's signal rather than noise alone).
 """
 from __future__ import annotations
