@@ -16,7 +16,9 @@ scenario says so (clients_per_round = 1): a defense sizes the round's consensus,
 client in it (SelectiveShield's consensus is that client's own mask, DP-FedAvg's local noise the whole round's).
 
 The server sends what it knows: the model handed to `modify_model` holds NaN where the server does not know the
-global weights (clients decrypt them); the client fills those entries in, matched by tensor identity.
+global weights (clients decrypt them); the client fills those entries in, matched by tensor identity. What it
+may tune the model on is public data of the task: `knowledge.public_x`, up to 2,048 of the scenario's
+held-out inputs, none of them a client's.
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ def model_as_sent(fed: Federation, attack: Attack, knowledge: Knowledge) -> tupl
     set_entries(honest, knowledge.global_params)
     truth = fed.params()
     carried = {id(t): n for n, t in _entries(honest).items() if n in truth}
-    told = replace(knowledge, public_x=fed.data.test_x[:PUBLIC].clone())
+    public = fed.data.test_x[:PUBLIC].clone() if fed.data.test_x is not None else None
+    told = replace(knowledge, public_x=public)
     model = contracts.returned_model(attack, "modify_model", attack.modify_model(honest, told)).cpu()
     state = _entries(model)
     names = update_names(model)
