@@ -4,8 +4,8 @@ Building it imports every package (seconds); it is cached under $LEAKBENCH_CACHE
 ~/.cache/leakbench) keyed by the code fingerprint, the built-in suite files, the installed plugins'
 entry points and each plugin's distribution, version and source hash (the key of a cell's
 fingerprint, bench/run/version.py), so it is rebuilt exactly when one of them changes. Defenses and
-attacks list their parameters with defaults; attacks their family; metrics their kind, unit and
-direction. The plugins refused at load are kept with it, one line each, for `leakbench list` to print.
+attacks list their parameters with defaults; attacks their family and threat model; metrics their kind,
+unit and direction. The plugins refused at load are kept with it, one line each, for `leakbench list` to print.
 """
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def build() -> dict[str, list[Any]]:
                 row["params"] = _params(entry.obj)
             if kind == "attacks":
                 row["family"] = getattr(entry.obj, "family", "")
+                row["threat_model"] = getattr(entry.obj, "threat_model", "passive")
             if kind == "metrics":
                 m = entry.obj
                 row.update(kind=m.kind, unit=m.unit, better={"↓": "lower", "↑": "higher"}.get(m.arrow, "-"))
@@ -91,7 +92,8 @@ def lines(kind: str) -> list[str]:
             out.append(f"{row['name']:24s} {row['kind']:8s} unit {unit:5s} {row['better']:6s} {row['description']}")
             continue
         family = f" [{row['family']}]" if row.get("family") else ""
-        out.append(f"{row['name']:24s} {row['description']}{family}")
+        threat = f" (threat model: {row['threat_model']})" if row.get("threat_model") else ""
+        out.append(f"{row['name']:24s} {row['description']}{family}{threat}")
         if row.get("params"):
             out.append(" " * 25 + ", ".join(f"{k}={v}" for k, v in row["params"].items()))
     return out

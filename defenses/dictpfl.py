@@ -190,6 +190,9 @@ class PrME:
 @DEFENSES.register("dictpfl", "DictPFL: frozen SVD dictionary, CKKS-encrypted lookup table, TIP+HRC pruning; "
                               "nothing in plaintext")
 class DictPFL(Defense):
+    """The frozen dictionary is the SVD of the warm start, the server's model: a malicious server chooses W0 and
+    so the directions the table can move along; every uploaded entry, a layer it adds included, is encrypted."""
+
     links = {"paper": "https://arxiv.org/abs/2510.21086", "code": "https://github.com/UCF-ML-Research/DictPFL"}
     key_topology = "shared-client-key"
     decodes_weighted_sum = False   # pruned entries carry over to later rounds (accumulated residuals)
@@ -285,7 +288,9 @@ class FedHETop2(SelectiveHE):
     """The DictPFL paper's baseline trains only the last two layers and encrypts them (`freeze_rest`);
     by default the whole model trains and the earlier layers travel in plaintext, the partial-
     encryption reading that shows what the unencrypted layers expose. Weights, biases and the
-    BN statistics of those two layers are encrypted; the mask is fixed by the architecture."""
+    BN statistics of those two layers are encrypted; the mask is fixed by the architecture, so a
+    malicious server that sends layers in front of them (or anywhere but the top) gets their gradients in
+    plaintext."""
     links = {"paper": "https://arxiv.org/abs/2510.21086"}
 
     def __init__(self, freeze_rest: bool = False, keys: str = "shared-client-key") -> None:

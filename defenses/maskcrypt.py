@@ -67,6 +67,10 @@ def refresh_exposed(state: dict, values: np.ndarray, hidden: np.ndarray | None) 
 
 @DEFENSES.register("maskcrypt", "MaskCrypt: per-client gradient-guided top-rho proposals, ordered union, CKKS")
 class MaskCrypt(Defense):
+    """A malicious server influences the mask twice: each client ranks entries on the model the server sent
+    (its proposal scores that model's gradients), and the server forms and broadcasts the consensus, so it can
+    send the attacked client a union that leaves the entries it wants in plaintext; it cannot decrypt alone."""
+
     links = {"paper": "https://doi.org/10.1109/TDSC.2024.3392424", "code": "https://github.com/TL-System/plato"}
     key_topology = "shared-client-key"
 

@@ -23,6 +23,10 @@ from defenses.scores import RULES, SCORES, select
 
 @DEFENSES.register("selective", "selective CKKS over a score (|w*grad|, Fisher, ...) with rule max/min/random at a ratio")
 class SelectiveHE(Defense):
+    """The mask is fixed at setup on the model the server chose, from clients' score maps summed under HE and
+    thresholded by the decrypting party, so a malicious aggregation server picks the model the scores are
+    computed on, not the threshold; entries of a later model the mask does not cover would go in plaintext."""
+
     key_topology = "shared-client-key"
 
     def __init__(self, rule: str = "max", ratio: float = 0.1, score: str = "sensitivity",
@@ -72,6 +76,8 @@ class SelectiveHE(Defense):
 
 @DEFENSES.register("fedhe-full", "FedHE-Full: every parameter encrypted with CKKS; the server view is empty")
 class FedHEFull(SelectiveHE):
+    """Every entry of whatever model the client trains is encrypted: no model the server sends changes that."""
+
     links = {"paper": "https://arxiv.org/abs/2303.10837", "code": "https://github.com/FedML-AI/FedML"}
 
     def __init__(self, keys: str = "shared-client-key") -> None:
@@ -85,6 +91,9 @@ class FedHEFull(SelectiveHE):
 class FedMLHE(SelectiveHE):
     """Jin et al.: sensitivity d(grad)/d(label) per parameter (exact per-sample-gradient form, see
     defenses/scores.py), local maps aggregated under HE, top-p (default 0.10) fixed after round one.
+
+    A malicious server chooses the model the mask is fixed on at setup (it sends it); the threshold is the
+    decrypting party's (a client under the shared key, the key server otherwise).
 
     Each client's local map is the mean over its first 32 samples (scores.label_sensitivity's cap),
     not over all its data: one backward pass per sample is the cost, and the paper does not fix the

@@ -64,6 +64,10 @@ def normalized_fisher(grads: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 @DEFENSES.register("selectiveshield", "SelectiveShield: Fisher masks, consensus-encrypted zone (CKKS, key server), "
                    "personalized zone kept local, DP-noised rest")
 class SelectiveShield(Defense):
+    """A malicious server chooses the model the Fisher masks are computed on, and as aggregation server it
+    forms the encrypted-zone consensus M_enc (eq. 16), which it can shrink to nothing for the attacked client;
+    that client's own sensitive entries then stay local as M_pers, and only the key server decrypts."""
+
     links = {"paper": "https://arxiv.org/abs/2508.04265"}
     decodes_weighted_sum = False   # per-entry mean over the uploads that sent it, times server_lr (eqs. 23-26)
     key_topology = "key-server"

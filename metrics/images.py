@@ -17,6 +17,9 @@ Conventions, chosen to be explicit:
   32x32 CIFAR therefore differ from LPIPS computed at native resolution.
 - Unequal batch sizes: only min(len(rec), len(truth)) pairs are matched and scored; the surplus images on the
   longer side are ignored.
+- Recovered: the fraction of the ground-truth batch whose matched reconstruction reaches `RECOVERED_DB` = 30 dB
+  PSNR (a truth image left unmatched is not recovered), a count that a mean PSNR hides when an attack gives
+  some images back exactly and others not at all.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ __all__ = [
     "ssim",
     "lpips_distance",
     "score_images",
+    "RECOVERED_DB",
 ]
 
 PSNR_CAP = 100.0
+RECOVERED_DB = 30.0
 LPIPS_MIN_SIDE = 64
 
 
@@ -211,7 +216,7 @@ def lpips_distance(rec, truth) -> float:
 def score_images(rec, truth) -> dict[str, float | str]:
     """Match one-to-one (on LPIPS, or on MSE if LPIPS is unavailable), then score the matched pairs.
 
-    Returns {"psnr", "ssim", "lpips", "match_on"}; "lpips" is the string "unavailable: <reason>" when the real
+    Returns {"psnr", "ssim", "lpips", "match_on", "recovered"}; "lpips" is the string "unavailable: <reason>" when the real
     weights cannot be loaded (PSNR/SSIM are still computed). The distance matrix is computed once.
     """
     rec, truth = _prep_pair(rec, truth, aligned=False)
@@ -233,9 +238,11 @@ def score_images(rec, truth) -> dict[str, float | str]:
             _lpips_pairs(model, [f[t_sel] for f in ft], [f[r_sel] for f in fr]).mean()
         )
     rec_m, truth_m = rec[r_sel], truth[t_sel]
+    each = _psnr_values(rec_m, truth_m)
     return {
-        "psnr": float(_psnr_values(rec_m, truth_m).mean()),
+        "psnr": float(each.mean()),
         "ssim": float(_ssim_values(rec_m, truth_m).mean()),
         "lpips": lpips_value,
         "match_on": match_on,
+        "recovered": float((each >= RECOVERED_DB).sum() / len(truth)),
     }

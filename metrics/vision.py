@@ -31,3 +31,10 @@ def ssim(ev: Evidence):
 def lpips(ev: Evidence):
     s = _scores(ev)
     return None if s is None else s["lpips"]
+
+
+@metric("images_recovered", "", True, "privacy", "fraction of the batch's images whose matched reconstruction reaches "
+        "30 dB PSNR", display="recovered")
+def images_recovered(ev: Evidence):
+    s = _scores(ev)
+    return None if s is None else s["recovered"]

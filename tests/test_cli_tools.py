@@ -22,6 +22,8 @@ def test_list_shows_parameters_units_and_does_not_import_torch_once_cached(tmp_p
     second = _python(code, tmp_path)           # reads it back
     assert first.replace("TORCH True", "TORCH False") == second and "TORCH False" in second
     assert "steps=300" in second and "[image]" in second and "[label]" in second
+    lines = {line.split()[0]: line for line in second.splitlines() if line and not line.startswith(" ")}
+    assert "(threat model: malicious-model)" in lines["imprint"] and "(threat model: passive)" in lines["idlg"]
     psnr = next(line for line in second.splitlines() if line.startswith("psnr "))
     assert "dB" in psnr and "lower" in psnr and "privacy" in psnr
 

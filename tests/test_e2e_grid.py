@@ -48,6 +48,8 @@ IMAGE_ATTACKS = [
     ("mia-rmia", {"references": 1, "population": 10}),
     ("mia-grad-cosine", {}),
     ("negotiation-labels", {}),
+    ("imprint", {}),        # malicious server: each runs on the model it sent the attacked client
+    ("trap-weights", {}),
 ]
 TEXT_ATTACKS = [
     ("no-attack", {}),

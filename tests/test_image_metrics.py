@@ -124,6 +124,19 @@ def test_unequal_batch_sizes_match_min_len():
     assert im.score_images(extra, truth)["psnr"] == 100.0
 
 
+def test_recovered_counts_the_batch_images_matched_at_30_db():
+    """images_recovered: of the whole truth batch, the images whose matched reconstruction reaches 30 dB; a truth
+    left unmatched (fewer reconstructions) counts as not recovered, so the mean PSNR of the matched pairs alone
+    cannot hide it."""
+    truth = _batch(4, 3, 16, seed=12)
+    close = (truth[1] + 0.01).clamp(0, 1)            # 40 dB at most
+    far = torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(5))
+    rec = torch.stack([truth[0], close, far, truth[3]])
+    assert im.score_images(rec, truth)["recovered"] == pytest.approx(3 / 4)
+    assert im.score_images(truth[[0, 3]], truth)["recovered"] == pytest.approx(2 / 4)
+    assert im.score_images(truth, truth)["recovered"] == 1.0
+
+
 def test_lpips_matrix_agrees_with_lpips_forward():
     truth, rec = _batch(5, 3, 32, seed=10), _batch(4, 3, 32, seed=11)
     dist = im.pairwise_distances(rec, truth, "lpips")

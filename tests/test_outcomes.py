@@ -39,6 +39,8 @@ VIEW_REASONS = {
     "optimize them": "the view (a hidden head)",
     "the iDLG label rule needs a visible entry in every row of the classifier head": "the view (a hidden head)",
     "every entry the canary moves is hidden from the server": "the view",
+    "no row of the block has its bias gradient and its whole weight-gradient row in the clear": "the view",
+    "no row of the block has its bias gradient and a weight-gradient entry in the clear": "the view",
 }
 # Reasons a run-time helper can still return but that the suite's load refuses first (Attack.applicable).
 REFUSED_AT_LOAD = {"label_strategy 'known' needs a scenario that grants the attacker the labels"}

@@ -5,10 +5,13 @@ negotiate, train locally, encode uploads, aggregate at the server, decode, apply
 attack round the attacked client's upload (one FedSGD step on a batch, or a local-
 training delta) is also kept as an attack target together with its ground truth; with
 attack_repeats > 1 the same client encodes further batches under the same defense state
-(counterfactual uploads: only the first one is aggregated).
+(counterfactual uploads: only the first one is aggregated). A malicious-model attack of the group gets
+its own targets: the same batches uploaded from the model it sent the attacked client in that round
+(bench/federation/exchange.py), never aggregated; every other client and round gets the honest model.
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import replace
 from typing import Callable
@@ -21,6 +24,7 @@ from bench.federation import candidates
 from bench.federation.canary import coins, make_canary, trial_batch, trial_update
 from bench.federation.client_devices import assign
 from bench.federation.costs import CostMeter
+from bench.federation.exchange import modified_targets
 from bench.federation.partition import partition
 from bench.federation.measure import encryption_breakdown, run_metrics, server_view_knowledge
 from bench.federation.scenario import Scenario
@@ -30,6 +34,7 @@ from bench.models import build_model, torch_device, update_names
 from bench.models.losses import TASKS
 from bench.models.pretrain import pretrain, split_public
 from bench.protocol import contracts
+from bench.protocol.attack import Attack
 from bench.protocol.defense import Defense, Party
 from bench.protocol.evidence import Truth
 from bench.protocol.view import Canary, ServerView
@@ -192,13 +197,32 @@ def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads
         defense.merge(fed, client, update)
 
 
+def _exchanges(fed: Federation, pristine: Defense, modifiers: dict[str, Attack], knowledge, trained,
+               sampled: list[Client]) -> dict:
+    """Each malicious-model attack's targets (or the error its exchange raised: that attack's cells fail alone)."""
+    client = fed.clients[fed.scenario.attack_client]
+    weight = client.num_samples / sum(c.num_samples for c in sampled)
+    out = {}
+    for label, attack in modifiers.items():
+        try:
+            out[label] = modified_targets(fed, pristine, attack, knowledge, trained[client.name], weight, local_update)
+        except Exception as err:   # recorded as that cell's failure with its one-line reason
+            out[label] = err
+    return out
+
+
 def run_federation(scenario: Scenario, data, defense: Defense, progress: Callable[[str], None] | None = None,
-                   fed: Federation | None = None, needs_membership: bool = False) -> FederationRun:
+                   fed: Federation | None = None, needs_membership: bool = False,
+                   modifiers: dict[str, Attack] | None = None) -> FederationRun:
     """Every round through the defense; a non-finite update, loss or model stops the run there (`diverged`).
 
-    `needs_membership`: draw membership candidates for the finished run (a membership attack is in the group)."""
+    `needs_membership`: draw membership candidates for the finished run (a membership attack is in the group).
+    `modifiers`: the group's malicious-model attacks by label; each is asked for the model the attacked client
+    gets in the attacked round, and its uploads land in the run's `modified` under its label."""
     start = time.perf_counter()
     fed = fed or build_federation(scenario, data, defense)
+    pristine = copy.deepcopy(defense) if modifiers else None   # the defense before setup, for each exchange
+    modified: dict = {}
     fed.round = -1
     defense.setup(fed)
     known = {n: torch.ones(s, dtype=torch.bool) for n, s in fed.shapes.items()}
@@ -218,6 +242,8 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
             trained = _train(fed, sampled, r, canary, defense.trains)
             defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
             uploads = _upload(fed, defense, sampled, trained, knowledge, targets)
+            if r == scenario.attack_round and modifiers:
+                modified = _exchanges(fed, pristine, modifiers, knowledge, trained, sampled)
             _aggregate(fed, defense, sampled, uploads, known)
         except Diverged as err:   # the global model stays the last finite one; its utility is reported
             diverged = err
@@ -236,7 +262,7 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
     metrics = {k: v for k, v in measured.items() if not isinstance(v, dict)}
     details = {k: v for k, v in measured.items() if isinstance(v, dict)} | {"key_topology": defense.key_topology}
     if diverged is not None:
-        return FederationRun(targets, knowledge, metrics, details, str(diverged))
+        return FederationRun(targets, knowledge, metrics, details, str(diverged), modified)
     chosen = candidates.select(fed, known, last, initial, needs_membership,
                                defense.server_estimate(fed) if needs_membership else {})
     if chosen is not None:
@@ -244,7 +270,7 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
             target.knowledge = replace(target.knowledge, membership=chosen[0])
             target.truth.member = chosen[1]
         targets.update(told)
-    return FederationRun(targets, knowledge, metrics, details)
+    return FederationRun(targets, knowledge, metrics, details, modified=modified)
 
 
 def _broadcast(fed: Federation, sampled: list[Client], aggregate: Payload, update, decoder: Party) -> None:

@@ -185,6 +185,9 @@ class FederationRun:
     metrics: dict[str, Any]
     details: dict[str, Any]
     diverged: str | None = None    # why training stopped early (a non-finite update, loss or model), else None
+    # a malicious-model attack's label -> the attacked uploads under the model it sent (bench/federation/exchange.py),
+    # or the exception its exchange raised; passive attacks read `targets` only
+    modified: dict[str, Any] = field(default_factory=dict)
 
 
 class Diverged(Exception):

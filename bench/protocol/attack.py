@@ -6,6 +6,11 @@ An attack never sees ground truth. Two questions keep a configuration gap apart 
   exit 2, nothing run.
 - `blocked(view, knowledge)`, asked per run: does the defense's view or protocol prevent it
   (everything hidden, global weights unknown to the server)? Only then is a cell "blocked by design".
+
+The threat model is data: a "passive" attack (the default) is the honest-but-curious server, which reads what
+clients upload for the model every client got; a "malicious-model" attack is a server that changes the model
+it sends the attacked client in the attacked round (`modify_model`, called by the engine for that one client
+and round only; bench/federation/exchange.py) and reads the upload that model produces.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ class Reconstruction:
 
 
 FAMILIES = ("label", "image", "text", "membership", "audit", "reference")
+THREAT_MODELS = ("passive", "malicious-model")
 
 
 class Attack(Configurable, ABC):
@@ -57,6 +63,7 @@ class Attack(Configurable, ABC):
 
     family: str = ""
     needs_membership: bool = False   # scores membership candidates: the run draws them (bench/federation/candidates.py)
+    threat_model: str = "passive"    # or "malicious-model": the server modifies the model it sends (modify_model)
 
     def applicable(self, setting: Setting) -> str | None:
         """Why this attack cannot run in this scenario whatever the defense (checked at suite load), or None."""
@@ -65,11 +72,24 @@ class Attack(Configurable, ABC):
                    "default pool"
         if self.needs_membership and setting.canary != "none":
             return "the scenario's attacked uploads are canary trials; score membership in a scenario without canary"
+        if self.threat_model != "passive" and setting.canary != "none":
+            return "the scenario's attacked uploads are canary trials of the honest model; run a malicious-model " \
+                   "attack in a scenario without canary"
         return None
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         """Why the defense's view or protocol prevents this attack on this upload, or None."""
         return None
+
+    def modify_model(self, model: torch.nn.Module, knowledge: Knowledge) -> torch.nn.Module:
+        """Malicious-model attacks only: the model the server sends the attacked client in the attacked round.
+
+        `model` is the global model as the server can send it: its entries hold the values the server knows
+        and NaN elsewhere (the client fills those in from what it decrypts, keyed by the tensors themselves, so
+        keep the model's own parameters, do not copy them). Return any module that takes the same inputs (e.g.
+        a block prepended to `model`); its parameters are what the client trains and uploads.
+        `knowledge.public_x` holds public inputs of the task's distribution to tune it on."""
+        return model
 
     @abstractmethod
     def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.protocol.attack import FAMILIES, Attack, Reconstruction
+from bench.protocol.attack import FAMILIES, THREAT_MODELS, Attack, Reconstruction
 from bench.protocol.configurable import keyword_params
 from bench.protocol.defense import KEY_TOPOLOGIES, Defense
 from bench.protocol.evidence import KINDS, Metric
@@ -36,7 +36,7 @@ DEFENSE_HOOKS = {"applicable": (("setting",), ()), "adapt_model": (("model",), (
                  "run_metrics": (("fed",), ()), "cipher_target": ((), ()), "match_cipher_bytes": (("nbytes",), ())}
 UPLOAD_HOOKS = ("encode", "adapt_model")   # the hooks that can change what a client uploads
 ATTACK_HOOKS = {"applicable": (("setting",), ()), "blocked": (("view", "knowledge"), ()),
-                "run": (("view", "knowledge"), ("seed",))}
+                "run": (("view", "knowledge"), ("seed",)), "modify_model": (("model", "knowledge"), ())}
 
 
 def check_defense(obj: Any) -> str | None:
@@ -69,6 +69,15 @@ def check_attack(obj: Any) -> str | None:
         return f"{obj.__name__}.family is {obj.family!r}; set one of {', '.join(FAMILIES)}"
     if not isinstance(obj.needs_membership, bool):
         return f"{obj.__name__}.needs_membership is {obj.needs_membership!r}; set True or False"
+    if obj.threat_model not in THREAT_MODELS:
+        return f"{obj.__name__}.threat_model is {obj.threat_model!r}; set one of {', '.join(THREAT_MODELS)}"
+    modifies = obj.modify_model is not Attack.modify_model
+    if obj.threat_model == "malicious-model" and not modifies:
+        return (f"{obj.__name__} declares threat_model 'malicious-model' but does not override modify_model; "
+                f"implement modify_model(self, model, knowledge) -> torch.nn.Module")
+    if obj.threat_model == "passive" and modifies:
+        return (f"{obj.__name__} overrides modify_model, which the engine calls only for a malicious server; "
+                f"set threat_model = 'malicious-model'")
     return None
 
 

@@ -94,6 +94,8 @@ class Knowledge:
     uploads_weights: bool = False              # the protocol uploads trained weights, not updates
     delta: float = 1e-5                        # the scenario's DP delta (public)
     canary: "Canary | None" = None             # the auditor's canary, in a scenario that runs canary trials
+    public_x: torch.Tensor | None = field(default=None, repr=False)   # public inputs of the task's distribution
+    # (held-out images), given only to a malicious-model attack's modify_model to tune what it sends
 
     def knows_global_model(self) -> bool:
         return all(not torch.isnan(p).any() for p in self.global_params.values())

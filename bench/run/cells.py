@@ -1,7 +1,7 @@
 """A group's cells: one federated run for a (scenario, defense), then every attack cell scored on it.
 
 Each cell becomes a record (status ok, blocked, diverged or failed, with its one-line reason),
-holding what a page needs without today's registry: the attack's family, a snapshot of the
+holding what a page needs without today's registry: the attack's family and threat model, a snapshot of the
 schema of every metric it reports (display name, unit, direction, format), and the defense's and
 attack's one-line descriptions with their paper and code links. Each record is sealed with a digest of
 its content (bench/protocol/records.py), so a later edit is caught where it is read back. A failing
@@ -55,6 +55,7 @@ def _record(cell: Cell, status: str, reason: str, metrics: dict, details: dict |
     details.setdefault("key_topology", DEFENSES.get(cell.defense.name).key_topology)
     details["decrypts_single_upload"] = KEY_TOPOLOGIES[details["key_topology"]]
     details["family"] = ATTACKS.get(cell.attack.name).family
+    details["threat_model"] = ATTACKS.get(cell.attack.name).threat_model
     details["sources"] = {"defense": sources(DEFENSES, cell.defense.name), "attack": sources(ATTACKS, cell.attack.name)}
     details["metric_schema"] = {m.name: m.obj.snapshot() for m in METRICS.entries() if m.name in metrics}
     return seal({"cell_id": cell.cell_id, "suite": cell.suite, "scenario": cell.scenario.name,
@@ -70,15 +71,29 @@ def sources(registry, name: str) -> dict[str, str]:
     return {"about": entry.description, **{k: str(v) for k, v in sorted(links.items()) if v}}
 
 
+def attacked_uploads(cell: Cell, attack, run):
+    """What the cell's attack reads: the honest uploads, or those of the model a malicious-model attack sent."""
+    if attack.threat_model == "passive":
+        return run.targets
+    targets = run.modified.get(cell.attack.label)
+    if isinstance(targets, Exception):
+        raise targets
+    if targets is None:
+        raise RuntimeError(f"the run has no upload under the model '{cell.attack.label}' sends; federate its "
+                           f"group with it (bench.run.cells.federate)")
+    return targets
+
+
 def score_cell(cell: Cell, run) -> dict[str, Any]:
     """Run the cell's attack on every attacked upload of the run and compute every applicable metric."""
     attack = ATTACKS.get(cell.attack.name)(**cell.attack.params)
     run_values = dict(run.metrics)
     if run.diverged is not None:   # an outcome of the defense's training, neither a failure nor a block
         return _record(cell, "diverged", run.diverged, _run_metrics(run_values), dict(run.details))
-    reason = contracts.returned_reason(attack, "blocked", attack.blocked(run.targets[0].view, run.targets[0].knowledge))
+    targets = attacked_uploads(cell, attack, run)
+    reason = contracts.returned_reason(attack, "blocked", attack.blocked(targets[0].view, targets[0].knowledge))
     if reason is not None:
-        details = dict(run.details) | {"sent_in_clear": sent_in_clear(run.targets[0].view, set())}
+        details = dict(run.details) | {"sent_in_clear": sent_in_clear(targets[0].view, set())}
         return _record(cell, "blocked", f"blocked by design: {reason}", _run_metrics(run_values), details)
     from bench.protocol.evidence import Evidence
     per_target: dict[str, list] = {}
@@ -88,10 +103,10 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
     read: set[str] = set()
     # canary trials (a run's uploads are all trials or none): scored together, one label each; read off the
     # first upload so that spilled uploads are not loaded from disk an extra time (no upload: vacuously trials)
-    trials = len(run.targets) == 0 or run.targets[0].truth.trial
+    trials = len(targets) == 0 or targets[0].truth.trial
     pooled: list[tuple[Reconstruction, Any]] = []
     recs: list[Reconstruction] = []
-    for i, target in enumerate(run.targets):
+    for i, target in enumerate(targets):
         start = time.perf_counter()
         rec = contracts.returned_reconstruction(
             attack, attack.run(target.view, target.knowledge, seed=cell.scenario.seed * 1000 + i))
@@ -115,7 +130,7 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
             info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
             matched, reference = rec.extra.get("_matched", (None, None))
             texts.append({"recovered": list(rec.texts), "matched": matched, "reference": reference})
-    run_values["attack_s"] = attack_time / len(run.targets)
+    run_values["attack_s"] = attack_time / len(targets)
     metrics = _run_metrics(run_values)
     for name, values in per_target.items():
         unavailable = [v for v in values if isinstance(v, str)]
@@ -130,7 +145,7 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
         details["attack_info"] = info
     if texts:
         details["texts"] = texts
-    details["sent_in_clear"] = sent_in_clear(run.targets[0].view, read)
+    details["sent_in_clear"] = sent_in_clear(targets[0].view, read)
     if thumb:
         details["thumbnail"] = thumb
     return _record(cell, "ok", "", metrics, details)
@@ -199,7 +214,9 @@ def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] 
     defense = DEFENSES.get(cell.defense.name)(**cell.defense.params)
     apply_budget(defense, sc, data_root)
     wanted = any(getattr(ATTACKS.get(c.attack.name), "needs_membership", False) for c in (group or [cell]))
-    return run_federation(sc, data, defense, progress=on_round, needs_membership=wanted)
+    modifiers = {c.attack.label: ATTACKS.get(c.attack.name)(**c.attack.params) for c in (group or [cell])
+                 if ATTACKS.get(c.attack.name).threat_model != "passive"}
+    return run_federation(sc, data, defense, progress=on_round, needs_membership=wanted, modifiers=modifiers)
 
 
 def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:

@@ -60,6 +60,10 @@ PAPER_BC = {"grey": (1.3, 0.7), "colour": (2.0, 0.5)}
 @DEFENSES.register("sensecrypt", "SenseCrypt: sensitivity-clustered FedAvg, per-client knapsack masks, "
                                  "per-parameter Paillier, key server")
 class SenseCrypt(Defense):
+    """A malicious server chooses the model each client's sensitivity Gamma and knapsack mask are computed on,
+    and at setup it forms the clusters and hands out the encryption budgets alpha, so it can give the attacked
+    client a budget of zero; the mask is solved at the client and only the key server decrypts."""
+
     links = {"paper": "https://arxiv.org/abs/2508.04100"}
     key_topology = "key-server"
     decodes_weighted_sum = False   # per-cluster FedAvg: the global model is a mean of cluster models
