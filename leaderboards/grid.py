@@ -15,14 +15,15 @@ from typing import Any
 
 from leaderboards.calibration import calibrate, record_verdict
 from leaderboards.formats import interval, is_number, number
-from leaderboards.schema import family, schema_of
+from leaderboards.schema import MALICIOUS, family, schema_of
 from leaderboards.tables import FAMILY_ORDER, attack_label, defense_label, sources
 from leaderboards.usefulness import useless
 from leaderboards.verdicts import BANDS, LEVELS, Verdict, worst
 
 GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
 HEADLINE = ("psnr", "lpips", "rouge1", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "label_acc", "lnacc", "leacc")
-FAMILY_HEADLINE = {"audit": ("audited_epsilon",)}   # the audit column's headline is its epsilon
+FAMILY_HEADLINE = {"audit": ("audited_epsilon",),   # the audit column's headline is its epsilon
+                   "image" + MALICIOUS: ("images_recovered",)}
 HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")
 
 
@@ -47,7 +48,8 @@ def _support(rec: dict[str, Any], fam: str, key: str | None) -> str:
 def _columns(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     labels = list(dict.fromkeys(attack_label(r) for r in records if family(r) not in ("reference", "")))
     fam = {a: family(next(r for r in records if attack_label(r) == a)) for a in labels}
-    labels.sort(key=lambda a: (GRID_FAMILIES.index(fam[a]) if fam[a] in GRID_FAMILIES else 9, a))
+    order = GRID_FAMILIES + tuple(f + MALICIOUS for f in GRID_FAMILIES)   # the malicious server's columns last
+    labels.sort(key=lambda a: (order.index(fam[a]) if fam[a] in order else len(order), a))
     schema = schema_of(records)
     cols = []
     for a in labels:

@@ -65,6 +65,12 @@ def schema_of(records: list[dict[str, Any]]) -> dict[str, Shown]:
     return dict(sorted(out.items()))
 
 
+MALICIOUS = " · malicious server"
+
+
 def family(rec: dict[str, Any]) -> str:
-    """The attack's family as stored with the record (label, image, text, membership, reference)."""
-    return rec["details"].get("family", "")
+    """The attack's family as stored with the record (label, image, text, membership, reference), marked when the
+    attack's threat model is a server that modifies the model it sends: its columns and worst cases stand apart
+    from the honest-but-curious server's, never mixed into them."""
+    fam = rec["details"].get("family", "")
+    return fam + MALICIOUS if rec["details"].get("threat_model", "passive") != "passive" and fam else fam

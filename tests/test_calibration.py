@@ -109,3 +109,17 @@ def test_paper_rows_say_who_reported_and_whether_ours_agrees():
     assert rows[1]["ratio_text"] == "0.0044"                          # not "0.00"
     with pytest.raises(ValueError, match="reported_by"):
         check_paper({"metric": "lnacc", "reported": 1.0, "reported_by": "a blog"})
+
+
+def test_a_malicious_server_attack_forms_its_own_columns():
+    records = [rec("plain", "idlg", psnr=35.0, accuracy=0.9), rec("he", "idlg", psnr=12.0, accuracy=0.9)]
+    for r, value in zip([rec("plain", "imprint", psnr=40.0, images_recovered=0.9, accuracy=0.9),
+                         rec("he", "imprint", psnr=41.0, images_recovered=0.95, accuracy=0.9)], (0.9, 0.95)):
+        r["details"]["threat_model"] = "malicious-model"
+        records.append(r)
+    core = grid("core", records, INFO)
+    assert [(c["attack"], c["family"]) for c in core["columns"]] == [("idlg", "image"),
+                                                                      ("imprint", "image · malicious server")]
+    assert core["columns"][1]["key"] == "images_recovered"
+    he = dict(zip(["idlg", "imprint"], next(r for r in core["rows"] if r["name"] == "he")["cells"]))
+    assert he["idlg"]["verdict"].text == "image not recovered" and he["imprint"]["verdict"].text == "image recovered"
