@@ -53,7 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="recompute the selected cells even if stored")
     run.add_argument("--only", metavar="PATTERN", default=None,
                      help="run only cells whose label scenario/defense/attack matches (glob, or a substring)")
-    run.add_argument("--dry-run", action="store_true", help="list the selected cells and whether each would run")
+    run.add_argument("--dry-run", action="store_true", help="state the suite's cell count, then list the selected "
+                                                            "cells and whether each would run")
+    run.add_argument("--max-cells", type=int, default=None, metavar="N",
+                     help="refuse a suite of more cells than N (default $LEAKBENCH_MAX_CELLS, else 20000)")
+    run.add_argument("--max-scenarios", type=int, default=None, metavar="N",
+                     help="refuse a suite of more scenarios than N (default $LEAKBENCH_MAX_SCENARIOS, else 2000)")
     run.add_argument("--reuse", metavar="DIR", action="append", default=[],
                      help="another output directory (store or results.json) whose finished cells computed by this "
                           "code are copied instead of recomputed: suites sharing a scenario compute it once "
@@ -107,6 +112,7 @@ def _run(args) -> int:
     from tqdm import tqdm
 
     from bench.run.executors import check_options
+    from bench.run.limits import Limits
     from bench.run.preflight import check_suite_data, preflight
     from bench.run.runner import run_suite
     from bench.run.spec import load_suite
@@ -116,7 +122,12 @@ def _run(args) -> int:
     check_options(args.executor, args.workers, args.ray_address)
     from bench.models import torch_device
     torch_device.use(args.device)                # one line and exit 2 for cuda without a GPU, before anything runs
-    suite = load_suite(args.suite)          # everything a cell could trip on fails here, before any write
+    limits = Limits.resolve(args.max_cells, args.max_scenarios)
+    # every fault a cell could trip on fails from here on, before any write
+    suite = load_suite(args.suite, limits)
+    if args.dry_run:   # the suite's size first, before the checks and the list
+        say(f"suite {suite.name}: {len(suite.cells)} cell(s) in {len(suite.scenarios)} scenario(s) (limit "
+            f"{limits.cells:,} cells, {limits.scenarios:,} scenarios); the selected cells follow")
     _refusals()                             # plugins the suite does not name: the run goes on without them
     check_suite_data(suite, args.data_root)
     suite = preflight(suite, args.data_root)   # without the grid points a defense cannot apply to (shown n/a)

@@ -215,7 +215,39 @@ def _cases() -> list[tuple[str, dict]]:
                           ("wrong-dims", ["28x28"]),
                           ("empty", ["t10k-labels-idx1-ubyte", "not a uint8 IDX"])):
         add(f"mnist-{fault}", expect, data=fault)
+    _trust_cases(add)
     return cases
+
+
+def _nested(depth: int):
+    value = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _trust_cases(add) -> None:
+    """A suite's size, nesting and time limits, and the mistakes that would otherwise run silently."""
+    def attacks(*tables):
+        return _suite(lambda d: d.update(attacks=list(tables)))
+
+    two = [dict(BASE["scenarios"][0]), {**BASE["scenarios"][0], "name": "s2"}]
+    # size: counted before anything is enumerated, one line naming the bound and how to raise it
+    add("sweep-over-20000-cells", ["20,001 attack settings", "limit of 20,000", "--max-cells"],
+        suite=attacks({"name": "idlg", "sweep": {"steps": list(range(1, 20_002))}}))
+    add("grid-over-max-cells", ["4 cells (2 scenario(s)", "limit of 3", "--max-cells"], extra=["--max-cells", "3"],
+        suite=_suite(lambda d: d.update(scenarios=two, attacks=[{"name": "idlg", "sweep": {"steps": [1, 2]}}])))
+    add("scenarios-over-max", ["2 scenarios", "limit of 1", "--max-scenarios"], extra=["--max-scenarios", "1"],
+        suite=_suite(lambda d: d.update(scenarios=two)))
+    add("max-cells-0", ["--max-cells must be >= 1", "20000"], extra=["--max-cells", "0"])
+    add("max-cells-env-garbage", ["LEAKBENCH_MAX_CELLS", "not a whole number"], env={"LEAKBENCH_MAX_CELLS": "lots"})
+    # nesting: refused before tomllib recurses (params nested 5,000 deep ended in a RecursionError)
+    add("params-nested-40", ["line 15", "nest deeper than 32"],
+        suite=attacks({"name": "idlg", "params": {"steps": _nested(40)}}))
+    add("params-nested-5000", ["nest deeper than 32"], raw=(to_toml(BASE).replace(
+        '"steps" = 10', '"steps" = ' + "[" * 5000 + "1" + "]" * 5000)).encode())
+    add("model-params-nested-5000-tables", ["nest deeper than 32"], raw=(to_toml(BASE).replace(
+        '"model" = "mlp"', '"model" = "mlp"\n"model_params" = ' + "{a = " * 5000 + "1" + "}" * 5000)).encode())
 
 
 CASES = _cases()
@@ -368,6 +400,8 @@ def test_malformed_input_fails_at_load_with_one_line(case, tmp_path, capsys, mon
     sandbox.mkdir()
     argv = _prepare(case, sandbox)
     monkeypatch.chdir(sandbox)           # a relative write would land here and be caught
+    for key, value in case.get("env", {}).items():
+        monkeypatch.setenv(key, value)
     before = _snapshot(tmp_path)
     code = main(argv)
     captured = capsys.readouterr()

@@ -270,3 +270,46 @@ def test_a_closed_stdout_ends_quietly(argv):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0 and "Error" not in err and "Traceback" not in err, err
+
+
+# ----------------------------------------------------------------------------- inputs a benchmark can trust
+# Size: a load linear in the suite's size (a membership test over a list made it quadratic), the count first.
+def _grid(scenarios: int, settings: int) -> dict:
+    return {"name": "big", "scenarios": [{"name": f"s{i}", "dataset": "digits", "model": "mlp"}
+                                         for i in range(scenarios)],
+            "defenses": [{"name": "plaintext"}], "attacks": [{"name": "idlg", "sweep": {"steps": list(
+                range(1, settings + 1))}}]}
+
+
+def test_a_suite_loads_in_time_linear_in_its_cells():
+    """8x the cells must cost well under the 64x a quadratic load would (the best of three, on a busy machine)."""
+    import time
+
+    from bench.run.spec import parse_suite
+
+    def seconds(scenarios):
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            assert len(parse_suite(_grid(scenarios, 10)).cells) == scenarios * 10
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    small, large = seconds(50), seconds(400)
+    assert large < 24 * small, (small, large)
+
+
+def test_a_dry_run_states_the_count_before_the_cells(tmp_path, capsys):
+    suite = tmp_path / "s.toml"
+    suite.write_text(_toml(_grid(3, 4)))
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--dry-run", "--only", "s1/*"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("suite big: 12 cell(s) in 3 scenario(s) (limit 20,000 cells"), lines[0]
+    assert sum(line.startswith("run (new)") for line in lines) == 4 and not (tmp_path / "o").exists()
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--dry-run", "--max-cells", "11"]) == 2
+    _refused(capsys, "12 cells (3 scenario(s) x their defenses x attacks) exceed the limit of 11", "--max-cells")
+
+
+def _toml(data: dict) -> str:
+    from tests.test_fuzz_inputs import to_toml
+    return to_toml(data)
