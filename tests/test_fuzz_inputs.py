@@ -248,13 +248,38 @@ def _trust_cases(add) -> None:
         '"steps" = 10', '"steps" = ' + "[" * 5000 + "1" + "]" * 5000)).encode())
     add("model-params-nested-5000-tables", ["nest deeper than 32"], raw=(to_toml(BASE).replace(
         '"model" = "mlp"', '"model" = "mlp"\n"model_params" = ' + "{a = " * 5000 + "1" + "}" * 5000)).encode())
+    # mistakes that would run silently
+    add("sweep-value-twice", ["sweep 'steps' lists 5 twice", "did you mean [5, 6]"], hint=True,
+        suite=attacks({"name": "idlg", "sweep": {"steps": [5, 6, 5]}}))
+    add("defense-named-twice", ["defenses[1]", "same params as defenses[0]", "remove it"],
+        suite=_suite(lambda d: d.update(defenses=[{"name": "plaintext"}, {"name": "plaintext", "params": {}}])))
+    add("attack-sweep-repeated", ["attacks[1]", "same params as attacks[0]"],
+        suite=attacks({"name": "idlg", "sweep": {"steps": [5, 6]}}, {"name": "idlg", "sweep": {"steps": [6, 5]}}))
+    add("scenario-names-differ-in-case", ["ignoring case", "'S1'", "scenarios[0]", "did you mean", "'S1-1'"],
+        hint=True, suite=_suite(lambda d: d.update(scenarios=[two[0], {**two[0], "name": "S1"}])))
+    add("seq_len-on-image-data", ["'seq_len' applies to text data only", "'digits' is image", "leave 'seq_len' out"],
+        suite=_scenario(seq_len=64))
+    add("paper-unknown-metric", ["paper[0]", "metric = 'psnrr'", "did you mean 'psnr'"], hint=True,
+        suite=_suite(lambda d: d.update(paper=[{"metric": "psnrr", "reported": 20.0}])))
+    add("paper-unknown-defense", ["paper[0]", "defense = 'plaintxt'", "did you mean 'plaintext'"], hint=True,
+        suite=_suite(lambda d: d.update(paper=[{"metric": "psnr", "reported": 20.0, "defense": "plaintxt"}])))
+    add("paper-where-unknown", ["paper[0]", "where key 'step'", "did you mean 'steps'"], hint=True,
+        suite=_suite(lambda d: d.update(paper=[{"metric": "psnr", "reported": 20.0, "where": {"step": 10}}])))
+    add("paper-baseline-unknown-scenario", ["paper[0]", "scenario = 's1-b'", "did you mean 's1'"], hint=True,
+        suite=_suite(lambda d: d.update(paper=[{"metric": "psnr", "reported": 2.0, "baseline": {"scenario": "s1-b"}}])))
+    add("figure-unknown-axis", ["figures[0]", "x = 'stepz'", "did you mean 'steps'"], hint=True,
+        suite=_suite(lambda d: d.update(figures=[{"x": "stepz", "y": "psnr"}])))
+    add("figure-unknown-hue", ["figures[0]", "hue = 'defence'", "did you mean 'defense'"], hint=True,
+        suite=_suite(lambda d: d.update(figures=[{"x": "steps", "y": "psnr", "hue": "defence"}])))
+    add("figure-unknown-attack-filter", ["figures[0]", "attack = 'idgl'", "did you mean 'idlg'"], hint=True,
+        suite=_suite(lambda d: d.update(figures=[{"x": "steps", "y": "psnr", "attack": "idgl"}])))
 
 
 CASES = _cases()
 
 
 def test_there_are_at_least_100_cases():
-    assert len(CASES) >= 100, len(CASES)
+    assert len(CASES) >= 200, len(CASES)
 
 
 # ----------------------------------------------------------------------------- fixtures

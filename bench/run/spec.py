@@ -19,6 +19,7 @@ from typing import Any
 from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name
 from bench.protocol.records import config_id
 from bench.run.limits import MAX_BYTES, MAX_DEPTH, Limits, check_count, check_depth, text_depth
+from bench.run.mistakes import check_data_fields, check_pages, check_unique, known_names
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def _key(value: Any) -> str:
 
 def _components(tables: list[dict[str, Any]], kind: str, registry, where: str, limit: int) -> list[Component]:
     """Each table: name, params, and an optional sweep {param: [values]} expanded as a product. Overlapping
-    sweeps name a setting once; more settings than `limit` are refused (counted before they are expanded)."""
+    sweeps name a setting once; a table that adds no setting (the same name and params as earlier ones) is a
+    mistake, refused, and so are more settings than `limit` (counted before they are expanded)."""
     out: list[Component] = []
     seen: dict[tuple[str, str], int] = {}   # (name, params key) -> the table that named it first
     for i, table in enumerate(tables):
@@ -133,8 +135,15 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str, l
         bad = [k for k, v in sweep.items() if not isinstance(v, list) or not v]
         if bad:
             raise SpecError(f"{spot}: sweep '{bad[0]}' must be a non-empty list, got {sweep[bad[0]]!r}")
+        for k, values in sweep.items():
+            keys = [_key(v) for v in values]
+            if len(set(keys)) < len(keys):
+                twice = next(v for v, n in zip(values, keys) if keys.count(n) > 1)
+                raise SpecError(f"{spot}: sweep '{k}' lists {twice!r} twice; did you mean "
+                                f"{list(dict(zip(keys, values)).values())!r}?")
         keys = sorted(sweep)
         check_count(spot, f"{kind} settings", len(out) + math.prod(len(sweep[k]) for k in keys), limit, "--max-cells")
+        new = 0
         for combo in itertools.product(*(sweep[k] for k in keys)):
             merged = {**params, **dict(zip(keys, combo))}
             if (name, _key(merged)) in seen:
@@ -148,6 +157,11 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str, l
                     raise SpecError(f"{spot} '{name}'{_plugin(registry, name)}: {text}") from None
             seen[(name, _key(merged))] = i
             out.append(Component(name, merged))
+            new += 1
+        if not new:
+            first = seen[(name, _key({**params, **{k: sweep[k][0] for k in keys}}))]
+            raise SpecError(f"{spot}: names {kind} '{Component(name, params).label}' with the same params as "
+                            f"{kind}s[{first}], so it adds no cell; remove it or change its params")
     return out
 
 
@@ -253,6 +267,7 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
     name = _head(data, where)
     check_count(where, "scenarios", len(data["scenarios"]), limits.scenarios, "--max-scenarios")
     scenarios = []
+    folded: dict[str, int] = {}   # lower-cased name -> index: names become file names, on case-blind disks too
     for i, table in enumerate(data["scenarios"]):
         spot = f"{where} scenarios[{i}]"
         if not isinstance(table, dict):
@@ -267,10 +282,9 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
             check_model_params(scenario.model, scenario.model_params)
         except (TypeError, ValueError) as err:
             raise SpecError(f"{spot} model_params{_plugin(MODELS, scenario.model)}: {err}") from None
+        check_data_fields(local, scenario.dataset, spot)
+        check_unique(scenario.name, i, folded, spot)
         scenarios.append((scenario, table))
-    names = [s.name for s, _ in scenarios]
-    if len(set(names)) != len(names):
-        raise SpecError(f"{where}: scenario names must be unique")
     defenses = _components(data["defenses"], "defense", DEFENSES, where, limits.cells)
     attacks = _components(data["attacks"], "attack", ATTACKS, where, limits.cells)
     by_d, by_a = _index(defenses), _index(attacks)
@@ -292,20 +306,9 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
                 if (i, dk, ak) not in seen:   # a scenario's defense_params may make two settings one cell
                     seen.add((i, dk, ak))
                     cells.append(Cell(name, scenario, d, a))
-    from leaderboards.figures import check_figure
-    figures = tuple(data.get("figures", []))
-    for i, fig in enumerate(figures):
-        try:
-            check_figure(fig)
-        except ValueError as err:
-            raise SpecError(f"{where} figures[{i}]: {err}") from None
-    from leaderboards.paper import check_paper
-    paper = tuple(data.get("paper", []))
-    for i, row in enumerate(paper):
-        try:
-            check_paper(row)
-        except ValueError as err:
-            raise SpecError(f"{where} paper[{i}]: {err}") from None
+    known = known_names([s for s, _ in scenarios], defenses, attacks)
+    figures, paper = tuple(data.get("figures", [])), tuple(data.get("paper", []))
+    check_pages(figures, paper, known, where)
     return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures,
                  paper)
 
