@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="refuse a suite of more cells than N (default $LEAKBENCH_MAX_CELLS, else 20000)")
     run.add_argument("--max-scenarios", type=int, default=None, metavar="N",
                      help="refuse a suite of more scenarios than N (default $LEAKBENCH_MAX_SCENARIOS, else 2000)")
+    run.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+                     help="time limit of each step of a cell (its group's federated run, its attack) where its "
+                          "scenario sets no cell_timeout_s; default: the suite's cell_timeout_s, else none")
     run.add_argument("--reuse", metavar="DIR", action="append", default=[],
                      help="another output directory (store or results.json) whose finished cells computed by this "
                           "code are copied instead of recomputed: suites sharing a scenario compute it once "
@@ -124,7 +127,7 @@ def _run(args) -> int:
     torch_device.use(args.device)                # one line and exit 2 for cuda without a GPU, before anything runs
     limits = Limits.resolve(args.max_cells, args.max_scenarios)
     # every fault a cell could trip on fails from here on, before any write
-    suite = load_suite(args.suite, limits)
+    suite = load_suite(args.suite, limits, args.cell_timeout)
     if args.dry_run:   # the suite's size first, before the checks and the list
         say(f"suite {suite.name}: {len(suite.cells)} cell(s) in {len(suite.scenarios)} scenario(s) (limit "
             f"{limits.cells:,} cells, {limits.scenarios:,} scenarios); the selected cells follow")

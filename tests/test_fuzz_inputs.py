@@ -248,6 +248,11 @@ def _trust_cases(add) -> None:
         '"steps" = 10', '"steps" = ' + "[" * 5000 + "1" + "]" * 5000)).encode())
     add("model-params-nested-5000-tables", ["nest deeper than 32"], raw=(to_toml(BASE).replace(
         '"model" = "mlp"', '"model" = "mlp"\n"model_params" = ' + "{a = " * 5000 + "1" + "}" * 5000)).encode())
+    # time limits
+    add("cell-timeout-negative", ["cell_timeout_s", "seconds > 0", "-5"], suite=_scenario(cell_timeout_s=-5))
+    add("cell-timeout-text", ["cell_timeout_s", "seconds > 0", "'1h'"], suite=_suite(lambda d: d.update(
+        cell_timeout_s="1h")))
+    add("cell-timeout-flag-0", ["--cell-timeout", "seconds > 0"], extra=["--cell-timeout", "0"])
     # mistakes that would run silently
     add("sweep-value-twice", ["sweep 'steps' lists 5 twice", "did you mean [5, 6]"], hint=True,
         suite=attacks({"name": "idlg", "sweep": {"steps": [5, 6, 5]}}))

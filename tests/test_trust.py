@@ -455,3 +455,85 @@ def test_a_narrowed_run_keeps_what_the_store_knew_of_the_other_scenarios():
 def dataclasses_replace(obj, **changes):
     import dataclasses
     return dataclasses.replace(obj, **changes)
+
+
+# Time limits: a stuck hook fails its cells with the reason, the others run; sys.exit is a failure, not success.
+HANG = '''
+    import sys
+    import time
+
+    import bench
+
+    class Sleepy(bench.Defense):
+        """encode sleeps"""
+
+        def encode(self, fed, client, update, weight):
+            time.sleep(300)
+
+
+    class Busy(bench.Defense):
+        """encode spins"""
+
+        def encode(self, fed, client, update, weight):
+            while True:
+                pass
+
+
+    class Exits(bench.Defense):
+        """encode exits the process"""
+
+        def encode(self, fed, client, update, weight):
+            sys.exit(0)
+'''
+HANG_EP = {"leakbench.defenses": {n: f"hang_plugin:{n.title()}" for n in ("sleepy", "busy", "exits")}}
+
+
+def _two_scenarios(path: Path, defense: str, limits: tuple[float | None, float | None]) -> Path:
+    """'calm' runs plaintext, 'stuck' the plugin defense; each with its own cell_timeout_s (None: none)."""
+    from tests.plugin_kit import TINY_TOML
+    scenario = TINY_TOML.format(name="plugged", dataset="digits", model="mlp").split("[[scenarios]]\n")[1]
+    text = 'name = "plugged"\n'
+    for name, only, limit in (("calm", "plaintext", limits[0]), ("stuck", defense, limits[1])):
+        text += "[[scenarios]]\n" + scenario.replace('name = "tiny"', f'name = "{name}"') + \
+            f'defenses = ["{only}"]\n' + (f"cell_timeout_s = {limit}\n" if limit else "")
+    path.write_text(text + f'[[defenses]]\nname = "plaintext"\n[[defenses]]\nname = "{defense}"\n'
+                    '[[attacks]]\nname = "random-guess"\n')
+    return path
+
+
+@pytest.mark.parametrize("defense, executor", [("sleepy", "local"), ("busy", "local"), ("sleepy", "process")])
+def test_a_stuck_hook_times_out_as_a_failed_cell_and_the_run_goes_on(site, tmp_path, capsys, defense, executor):
+    """The local run: the stuck scenario's own limit; the pool: --cell-timeout, where calm sets a longer own one."""
+    import time
+
+    site.install("hang-plugin", {"hang_plugin.py": HANG}, HANG_EP)
+    if executor == "local":
+        suite, args = _two_scenarios(tmp_path / "s.toml", defense, (None, 2)), []
+    else:
+        suite = _two_scenarios(tmp_path / "s.toml", defense, (600, None))
+        args = ["--cell-timeout", "2", "--executor", "process", "--workers", "2"]
+    start = time.monotonic()
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), *args]) == 1
+    assert time.monotonic() - start < 120   # the hook sleeps 300 s or spins for ever
+    err = capsys.readouterr().err
+    assert f"leakbench: failed: stuck/{defense}/random-guess: CellTimeout: timed out after 2 s in the federated run " \
+           "(cell_timeout_s = 2)" in err, err
+    store = Store(tmp_path / "o" / "leakbench.sqlite")
+    status = {r["defense"]: r["status"] for r in store.records("plugged")}
+    store.close()
+    assert status == {"plaintext": "ok", defense: "failed"}
+
+
+@pytest.mark.parametrize("executor", ["local", "process"])
+def test_a_hook_that_calls_sys_exit_is_a_failed_cell(site, tmp_path, capsys, executor):
+    """sys.exit(0) in a hook ended the run with status 0 and nothing stored: a silent success."""
+    from tests.plugin_kit import suite_toml
+    site.install("hang-plugin", {"hang_plugin.py": HANG}, HANG_EP)
+    suite = suite_toml(tmp_path / "s.toml", ["exits", "plaintext"], ["random-guess"])
+    extra = ["--executor", "process", "--workers", "2"] if executor == "process" else []
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), *extra]) == 1
+    assert "tiny/exits/random-guess: SystemExit: sys.exit(0) was called" in capsys.readouterr().err
+    store = Store(tmp_path / "o" / "leakbench.sqlite")
+    status = {r["defense"]: r["status"] for r in store.records("plugged")}
+    store.close()
+    assert status == {"exits": "failed", "plaintext": "ok"}

@@ -121,3 +121,12 @@ def check_depth(where: str, data: Any) -> None:
         raise SpecError(f"{where}: '{path[:80]}' nests tables or lists deeper than {MAX_DEPTH} levels; parameters "
                         f"are numbers, strings or short lists, so flatten it")
 
+
+def check_timeout(value: Any, where: str) -> float | None:
+    """A cell time limit: seconds > 0 (None: no limit)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise SpecError(f"{where} must be a finite number of seconds > 0, got {value!r}; e.g. 3600 (an hour), or "
+                        "leave it out for no limit")
+    return float(value)

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name
 from bench.protocol.records import config_id
-from bench.run.limits import MAX_BYTES, MAX_DEPTH, Limits, check_count, check_depth, text_depth
+from bench.run.limits import MAX_BYTES, MAX_DEPTH, Limits, check_count, check_depth, check_timeout, text_depth
 from bench.run.mistakes import check_data_fields, check_pages, check_unique, known_names
 
 
@@ -42,6 +42,9 @@ class Cell:
     scenario: Scenario
     defense: Component
     attack: Component
+    # seconds each step of the cell may take (its group's federated run, its attack); a run setting, not part of
+    # the work: left out of the config, the id and equality (bench/run/deadline.py)
+    timeout_s: float | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         return {"scenario": dataclasses.asdict(self.scenario),
@@ -228,8 +231,8 @@ def _narrowing(table: dict[str, Any], key: str, components: list[Component], ind
     return [components[pos] for pos in sorted({pos for entry in value for pos in index[entry]})]
 
 
-TOP_KEYS = ["name", "description", "notes", "figures", "paper", "scenarios", "defenses", "attacks"]
-SCENARIO_ONLY = ("defenses", "attacks", "defense_params")   # keys of the table, not the Scenario
+TOP_KEYS = ["name", "description", "notes", "cell_timeout_s", "figures", "paper", "scenarios", "defenses", "attacks"]
+SCENARIO_ONLY = ("defenses", "attacks", "defense_params", "cell_timeout_s")   # keys of the table, not the Scenario
 
 
 def _head(data: Any, where: str) -> str:
@@ -258,15 +261,19 @@ def _head(data: Any, where: str) -> str:
     return name
 
 
-def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = None) -> Suite:
+def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = None,
+                cell_timeout_s: float | None = None) -> Suite:
     """The suite `data` describes, every cell validated. `limits` bounds its scenarios and cells (default:
-    Limits.resolve())."""
+    Limits.resolve()); `cell_timeout_s` is the time limit of cells whose scenario sets none (default: the
+    suite's own `cell_timeout_s`, else none)."""
     from bench.registry import ATTACKS, DATASETS, DEFENSES, MODELS
 
     where = f"suite {source or '<inline>'}"
     limits = limits or Limits.resolve()
     name = _head(data, where)
     check_count(where, "scenarios", len(data["scenarios"]), limits.scenarios, "--max-scenarios")
+    default_timeout = check_timeout(cell_timeout_s, "--cell-timeout") if cell_timeout_s is not None else \
+        check_timeout(data.get("cell_timeout_s"), f"{where}: cell_timeout_s")
     scenarios = []
     folded: dict[str, int] = {}   # lower-cased name -> index: names become file names, on case-blind disks too
     for i, table in enumerate(data["scenarios"]):
@@ -285,37 +292,38 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
             raise SpecError(f"{spot} model_params{_plugin(MODELS, scenario.model)}: {err}") from None
         check_data_fields(local, scenario.dataset, spot)
         check_unique(scenario.name, i, folded, spot)
-        scenarios.append((scenario, table))
+        timeout = check_timeout(table.get("cell_timeout_s"), f"{spot}: cell_timeout_s") or default_timeout
+        scenarios.append((scenario, table, timeout))
     defenses = _components(data["defenses"], "defense", DEFENSES, where, limits.cells)
     attacks = _components(data["attacks"], "attack", ATTACKS, where, limits.cells)
     by_d, by_a = _index(defenses), _index(attacks)
     plan = []
-    for i, (scenario, table) in enumerate(scenarios):  # narrowing by name or by full label
+    for i, (scenario, table, timeout) in enumerate(scenarios):  # narrowing by name or by full label
         spot = f"{where} scenarios[{i}]"
         overrides = _defense_params(table.get("defense_params", {}), DEFENSES, spot)
         chosen = _narrowing(table, "defenses", defenses, by_d, spot)
         plan.append((scenario, [_override(d, overrides.get(d.name), DEFENSES, spot) for d in chosen],
-                     _narrowing(table, "attacks", attacks, by_a, spot)))
-    check_count(where, "cells", sum(len(ds) * len(atts) for _, ds, atts in plan), limits.cells, "--max-cells",
+                     _narrowing(table, "attacks", attacks, by_a, spot), timeout))
+    check_count(where, "cells", sum(len(ds) * len(atts) for _, ds, atts, _ in plan), limits.cells, "--max-cells",
                 f" ({len(plan)} scenario(s) x their defenses x attacks)")
     cells, seen = [], set()
-    for i, (scenario, ds, atts) in enumerate(plan):
+    for i, (scenario, ds, atts, timeout) in enumerate(plan):
         keyed = [(a, (a.name, _key(a.params))) for a in atts]
         for d in ds:
             dk = (d.name, _key(d.params))
             for a, ak in keyed:
                 if (i, dk, ak) not in seen:   # a scenario's defense_params may make two settings one cell
                     seen.add((i, dk, ak))
-                    cells.append(Cell(name, scenario, d, a))
-    known = known_names([s for s, _ in scenarios], defenses, attacks)
+                    cells.append(Cell(name, scenario, d, a, timeout))
+    known = known_names([s for s, _, _ in scenarios], defenses, attacks)
     figures, paper = tuple(data.get("figures", [])), tuple(data.get("paper", []))
     check_pages(figures, paper, known, where)
     return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures,
                  paper)
 
 
-def load_suite(ref: str | Path, limits: Limits | None = None) -> Suite:
-    """A built-in suite name or a path to a TOML file (`limits`: as parse_suite)."""
+def load_suite(ref: str | Path, limits: Limits | None = None, cell_timeout_s: float | None = None) -> Suite:
+    """A built-in suite name or a path to a TOML file (`limits`, `cell_timeout_s`: as parse_suite)."""
     from bench.registry import SUITES
 
     ref = str(ref)
@@ -334,12 +342,12 @@ def load_suite(ref: str | Path, limits: Limits | None = None) -> Suite:
         if not exists:
             raise SpecError(f"suite file '{path}' does not exist; pass a built-in name ({', '.join(SUITES.names())}) "
                             "or an existing .toml path")
-        return parse_suite(_read_toml(path), str(path), limits)
+        return parse_suite(_read_toml(path), str(path), limits, cell_timeout_s)
     try:
         suite_path = SUITES.get(ref)
     except KeyError as err:
         raise SpecError(str(err)) from None
-    return parse_suite(_read_toml(Path(suite_path)), str(ref), limits)
+    return parse_suite(_read_toml(Path(suite_path)), str(ref), limits, cell_timeout_s)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
