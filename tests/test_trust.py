@@ -537,3 +537,45 @@ def test_a_hook_that_calls_sys_exit_is_a_failed_cell(site, tmp_path, capsys, exe
     status = {r["defense"]: r["status"] for r in store.records("plugged")}
     store.close()
     assert status == {"exits": "failed", "plaintext": "ok"}
+
+
+# The README's commands: every one parses as written, and the cheap ones run (dry runs write nothing).
+def _readme_commands() -> list[list[str]]:
+    import shlex
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["leakbench"]:
+                commands.append(words[1:])
+            elif words[:3] == ["python", "-m", "bench"]:
+                commands.append(words[3:])
+    return commands
+
+
+README_COMMANDS = _readme_commands()
+CHEAP = [argv for argv in README_COMMANDS if argv[:1] == ["list"] or argv == ["--version"] or (
+    argv[:1] == ["run"] and argv[1] in ("smoke", "default") and
+    ("--only" in argv or argv[2:] in ([], ["--dry-run"])))]
+
+
+def test_every_readme_command_parses():
+    from bench.cli import _parser
+    assert len(README_COMMANDS) >= 15 and len(CHEAP) >= 5, (README_COMMANDS, CHEAP)
+    for argv in README_COMMANDS:
+        try:
+            _parser().parse_args(argv)
+        except SystemExit as done:
+            assert argv == ["--version"] and not done.code, argv
+
+
+@pytest.mark.parametrize("argv", CHEAP, ids=" ".join)
+def test_a_cheap_readme_command_runs(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if argv[0] == "run" and "--dry-run" not in argv:
+        argv = [*argv, "--dry-run"]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.strip() and not list(tmp_path.iterdir())
+    if argv[0] == "run":
+        assert out.startswith(f"suite {argv[1]}: ") and "nothing was run" in out
