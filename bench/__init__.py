@@ -26,8 +26,8 @@ _API = {
     "ServerView": "bench.protocol.view", "Knowledge": "bench.protocol.view",
     # the attack contract
     "Attack": "bench.protocol.attack", "Reconstruction": "bench.protocol.attack", "Setting": "bench.protocol.attack",
-    # what a dataset loader returns
-    "Dataset": "bench.data.loading",
+    # what a dataset loader returns; the checkpoint a model factory reads (checked at suite load)
+    "Dataset": "bench.data.loading", "Checkpoint": "bench.models.checkpoints",
     # the metric contract
     "Evidence": "bench.protocol.evidence", "Metric": "bench.protocol.evidence", "Truth": "bench.protocol.evidence",
     "metric": "bench.protocol.evidence", "run_value": "bench.protocol.evidence", "run_metric": "bench.protocol.evidence",

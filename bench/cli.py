@@ -53,7 +53,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="recompute the selected cells even if stored")
     run.add_argument("--only", metavar="PATTERN", default=None,
                      help="run only cells whose label scenario/defense/attack matches (glob, or a substring)")
-    run.add_argument("--dry-run", action="store_true", help="list the selected cells and whether each would run")
+    run.add_argument("--dry-run", action="store_true", help="state the suite's cell count, then list the selected "
+                                                            "cells and whether each would run")
+    run.add_argument("--max-cells", type=int, default=None, metavar="N",
+                     help="refuse a suite of more cells than N (default $LEAKBENCH_MAX_CELLS, else 20000)")
+    run.add_argument("--max-scenarios", type=int, default=None, metavar="N",
+                     help="refuse a suite of more scenarios than N (default $LEAKBENCH_MAX_SCENARIOS, else 2000)")
+    run.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+                     help="time limit of each step of a cell (its group's federated run, its attack) where its "
+                          "scenario sets no cell_timeout_s; default: the suite's cell_timeout_s, else none")
     run.add_argument("--reuse", metavar="DIR", action="append", default=[],
                      help="another output directory (store or results.json) whose finished cells computed by this "
                           "code are copied instead of recomputed: suites sharing a scenario compute it once "
@@ -107,6 +115,7 @@ def _run(args) -> int:
     from tqdm import tqdm
 
     from bench.run.executors import check_options
+    from bench.run.limits import Limits
     from bench.run.preflight import check_suite_data, preflight
     from bench.run.runner import run_suite
     from bench.run.spec import load_suite
@@ -116,10 +125,15 @@ def _run(args) -> int:
     check_options(args.executor, args.workers, args.ray_address)
     from bench.models import torch_device
     torch_device.use(args.device)                # one line and exit 2 for cuda without a GPU, before anything runs
-    suite = load_suite(args.suite)          # everything a cell could trip on fails here, before any write
+    limits = Limits.resolve(args.max_cells, args.max_scenarios)
+    # every fault a cell could trip on fails from here on, before any write
+    suite = load_suite(args.suite, limits, args.cell_timeout)
+    if args.dry_run:   # the suite's size first, before the checks and the list
+        say(f"suite {suite.name}: {len(suite.cells)} cell(s) in {len(suite.scenarios)} scenario(s) (limit "
+            f"{limits.cells:,} cells, {limits.scenarios:,} scenarios); the selected cells follow")
     _refusals()                             # plugins the suite does not name: the run goes on without them
-    check_suite_data(suite, args.data_root)
-    suite = preflight(suite, args.data_root)   # without the grid points a defense cannot apply to (shown n/a)
+    check_suite_data(suite, args.data_root, args.only)   # what is installed: for the selected cells only
+    suite = preflight(suite, args.data_root, args.only)   # without the grid points a defense cannot apply to (n/a)
     check_out(args.out)
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
                         force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,

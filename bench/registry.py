@@ -31,7 +31,13 @@ class UnknownName(KeyError):
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known) or 'none'}"
         self.message = f"unknown {kind} '{name}'; {hint}"
+        self._args = (kind, name, list(known))
         super().__init__(self.message)
+
+    def __reduce__(self):
+        """Rebuilt from its arguments: raised in a pool worker, it must reach the driver as itself (an
+        unpicklable exception breaks the whole pool)."""
+        return (type(self), self._args)
 
     def __str__(self) -> str:
         return self.message
@@ -238,16 +244,20 @@ def discover() -> None:
     global _discovered
     if _discovered:
         return
-    _discovered = True
-    for name in _BUILTIN_MODULES:
-        importlib.import_module(name)
-    for name in _PLUGIN_PACKAGES:
-        package = importlib.import_module(name)
-        for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
-            importlib.import_module(info.name)
-    importlib.import_module(_CONTRACTS)
-    for registry in KINDS.values():
-        registry.load_entry_points()
+    _discovered = True   # first: a module imported below looks names up
+    try:
+        for name in _BUILTIN_MODULES:
+            importlib.import_module(name)
+        for name in _PLUGIN_PACKAGES:
+            package = importlib.import_module(name)
+            for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
+                importlib.import_module(info.name)
+        importlib.import_module(_CONTRACTS)
+        for registry in KINDS.values():
+            registry.load_entry_points()
+    except BaseException:   # interrupted (a cell's time limit, Ctrl-C): the next lookup discovers again
+        _discovered = False
+        raise
 
 
 def rescan() -> None:

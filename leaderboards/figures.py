@@ -20,16 +20,47 @@ bytes in kB/MB.
 """
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
 FIGURE_KEYS = {"title", "x", "y", "hue", "attack", "scenario", "defense", "where", "logx", "logy", "series"}
 
 
-def check_figure(spec: dict[str, Any]) -> None:
+def check_figure(spec: dict[str, Any], known: dict[str, set[str]] | None = None) -> None:
+    """The figure's keys; with `known` (the suite's names: leaderboards' check_names), its axes and filters too,
+    since an axis no record holds draws nothing, silently. With `series`, x and y only title the axes."""
     unknown = set(spec) - FIGURE_KEYS
     if unknown or "x" not in spec or "y" not in spec:
         raise ValueError(f"figure needs x and y and accepts {sorted(FIGURE_KEYS)}; got {sorted(spec)}")
+    if known is not None:
+        axes = ("hue",) if spec.get("series") else ("x", "y", "hue")
+        check_names(spec, known, {k: "column" for k in axes})
+
+
+IDENTITY = ("scenario", "defense", "attack")
+
+
+def check_names(spec: dict[str, Any], known: dict[str, set[str]], keys: dict[str, str]) -> None:
+    """Each of `keys` (spec key -> the kind of name it holds), the identity filters and the `where` keys of a
+    figure or paper row name something of the suite: `known` maps scenario, defense, attack, metric and column
+    (a metric, a parameter the suite sets, or scenario/defense/attack) to the valid names."""
+    wanted = {**{k: k for k in IDENTITY}, **keys}
+    for key, kind in wanted.items():
+        if spec.get(key) not in (None, "") and spec[key] not in known[kind]:
+            raise ValueError(_unknown(f"{key} = {spec[key]!r}", spec[key], known[kind]))
+    where = spec.get("where", {})
+    for key in where if isinstance(where, dict) else ():
+        if key not in known["column"]:
+            raise ValueError(_unknown(f"where key {key!r}", key, known["column"]))
+
+
+def _unknown(what: str, value: Any, valid: set[str]) -> str:
+    names = sorted(valid)
+    close = difflib.get_close_matches(str(value), names, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else \
+        f"this suite has {', '.join(names[:12])}" + (", ..." if len(names) > 12 else "")
+    return f"{what} names nothing this suite records, so nothing would be drawn or compared; {hint}"
 
 
 def lookup(rec: dict[str, Any], key: str) -> Any:

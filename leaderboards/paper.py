@@ -26,7 +26,7 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
-from leaderboards.figures import lookup
+from leaderboards.figures import IDENTITY, check_names, lookup
 from leaderboards.formats import is_number, number
 from leaderboards.schema import schema_of
 
@@ -34,7 +34,6 @@ PAPER_KEYS = {"metric", "reported", "source", "scenario", "defense", "attack", "
               "reported_by", "tolerance"}
 REPORTERS = ("paper", "official code")
 TOLERANCE = 0.1
-IDENTITY = ("scenario", "defense", "attack")
 
 
 def _reported(value: Any) -> tuple[float, float] | None:
@@ -46,7 +45,9 @@ def _reported(value: Any) -> tuple[float, float] | None:
     return None
 
 
-def check_paper(spec: dict[str, Any]) -> None:
+def check_paper(spec: dict[str, Any], known: dict[str, set[str]] | None = None) -> None:
+    """The row's keys and values; with `known` (the suite's names, leaderboards/figures.py check_names), its
+    metric, filters and baseline too: a row naming what no record holds would read "–" beside the paper."""
     unknown = set(spec) - PAPER_KEYS
     base = spec.get("baseline", {})
     if unknown or "metric" not in spec or _reported(spec.get("reported")) is None or not isinstance(base, dict) \
@@ -55,6 +56,9 @@ def check_paper(spec: dict[str, Any]) -> None:
         raise ValueError(f"a [[paper]] row needs metric and a numeric reported value (or [lo, hi]), reported_by "
                          f"one of {', '.join(REPORTERS)}, a tolerance >= 0, and accepts "
                          f"{sorted(PAPER_KEYS)} (baseline: a table of scenario/defense/attack/where); got {sorted(spec)}")
+    if known is not None:
+        check_names(spec, known, {"metric": "metric"})
+        check_names(base, known, {})
 
 
 def _matching(spec: dict[str, Any], records: list[dict[str, Any]]) -> list[float]:

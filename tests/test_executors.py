@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
+from bench.protocol.defense import Defense
 from bench.run.executors import LocalExecutor, ProcessExecutor, RayExecutor
 from bench.run.runner import run_suite
 from bench.run.spec import load_suite
@@ -194,3 +195,44 @@ def test_ray_missing_names_the_extra(monkeypatch, tmp_path, capsys):
     assert main(["run", "smoke", "--out", str(tmp_path), "--executor", "ray"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install 'leakbench[ray]'" in err, err
+
+
+class _Sleepy(Defense):
+    """encode sleeps: a hook stuck far past any time limit"""
+
+    def encode(self, fed, client, update, weight):
+        time.sleep(300)
+
+
+def _with_sleepy(cells, data_root, run_id, on_round=None):
+    """The real computation, in a worker that has the test's defense registered as the driver has."""
+    from bench.registry import DEFENSES
+    from bench.run.executors import compute
+    if "sleepy" not in DEFENSES:
+        DEFENSES.add("sleepy", _Sleepy)
+    return compute(cells, data_root, run_id)
+
+
+@pytest.fixture
+def sleepy():
+    from bench.registry import DEFENSES
+    DEFENSES.add("sleepy", _Sleepy)
+    yield "sleepy"
+    DEFENSES._entries.pop("sleepy", None)
+
+
+def test_a_stuck_hook_times_out_on_ray_as_a_failed_cell(ray_session, sleepy, tmp_path):
+    """The time limit is kept where the cell is computed: a Ray task runs it in its worker's main thread."""
+    suite = tmp_path / "s.toml"
+    suite.write_text('name = "limits"\n' + tiny_scenarios_toml(2).replace("seed = 0\n", 'seed = 0\ndefenses = '
+                     '["sleepy"]\ncell_timeout_s = 2\n').replace("seed = 1\n", 'seed = 1\ndefenses = ["plaintext"]\n')
+                     + '[[defenses]]\nname = "plaintext"\n[[defenses]]\nname = "sleepy"\n[[attacks]]\nname = '
+                       '"random-guess"\n')
+    pool = RayExecutor(2, fn=_with_sleepy)
+    start = time.monotonic()
+    try:
+        summary = run_suite(load_suite(str(suite)), tmp_path / "o", executor=pool)
+    finally:
+        pool.close()
+    assert time.monotonic() - start < 120 and (summary.ok, summary.failed) == (1, 1), summary.failures
+    assert summary.failures[0][1].startswith("CellTimeout: timed out after 2 s in the federated run")

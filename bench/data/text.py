@@ -181,6 +181,7 @@ def _register_classification(base: str, suffix: str, tokenizer: Callable[[Path |
         return data
 
     load.checked_at_load = True   # whole sentences must fit the model: checked when the suite loads
+    load.modality = "text"
     DATASETS.add(name, load, f"{base} sentences as 2-class sentence classification, {what}")
 
 
@@ -200,8 +201,10 @@ def _register_causal(base: str, loader: Callable) -> None:
                       name=name)
 
     load.checked_at_load = True   # the tokenizer file and sequence lengths against the model, at suite load
+    load.modality = "text"
     DATASETS.add(name, load, f"{base} as causal LM, SmolLM2-135M BPE tokens (vocab 49,152; pad <|im_end|>)")
 
 
 _register_causal("sst2", sst2)
 _register_causal("rt-polarity", rt_polarity)
+sst2.modality = rt_polarity.modality = "text"   # image-only scenario keys are refused on it (bench/run/mistakes.py)

@@ -131,3 +131,6 @@ def _read_cifar(root: Path | None) -> tuple:
 def cifar10(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None) -> Dataset:
     return _image_dataset("cifar10", _raw("cifar10", data_root), max_train, max_test, seed, 255.0)
 
+
+for _loader in (digits, mnist, fashion_mnist, cifar10):
+    _loader.modality = "image"   # text-only scenario keys (seq_len) are refused on it at load (bench/run/mistakes.py)

@@ -59,7 +59,7 @@ class Scenario:
     lr: float = 0.1
     max_train: int | None = None      # subsample the training set (seeded) to keep runs small
     max_test: int | None = None
-    seq_len: int = 32                 # text only
+    seq_len: int = field(default=32, metadata={"data": "text"})   # text only: set on image data, refused
     seed: int = 0
     public_fraction: float = 0.0      # held out from every client, for a warm start
     pretrain_epochs: int = 0          # central training on the public split before round one

@@ -32,6 +32,7 @@ from torch import nn
 
 from bench.data.loading import Dataset
 from bench.data.packaged import INSTALL, smollm2_gguf
+from bench.models.checkpoints import Checkpoint
 from bench.models.text import TextModel, _check_length, _need_text
 from bench.registry import MODELS
 
@@ -183,3 +184,4 @@ def smollm2_135m_lora(data: Dataset, lora_r: int = 256, lora_alpha: int | None =
 
 smollm2_135m.checked_at_load = True        # reading the weights is checked when the suite loads
 smollm2_135m_lora.checked_at_load = True
+smollm2_135m.checkpoint = smollm2_135m_lora.checkpoint = Checkpoint("llama", gguf=True, default=smollm2_gguf)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from bench.data.loading import Dataset
+from bench.models.checkpoints import Checkpoint
 from bench.registry import MODELS
 
 MINILM_VOCAB = 30522
@@ -161,3 +162,7 @@ def minilm(data: Dataset) -> nn.Module:
     _check_length(data, "minilm", net.config.max_position_embeddings)
     return TextModel(net, data.pad_id, "bert", net.config.max_position_embeddings, data.tokenizer)
 
+
+# the checkpoints these factories read, checked at suite load (bench/models/checkpoints.py)
+gpt2.checkpoint = gpt2_lora.checkpoint = Checkpoint("gpt2")
+minilm.checkpoint = Checkpoint("bert", default=minilm_path)

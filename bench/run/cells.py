@@ -22,7 +22,8 @@ import torch
 from bench.protocol.attack import Reconstruction
 from bench.protocol import contracts
 from bench.protocol.records import seal
-from bench.registry import ATTACKS, DEFENSES, METRICS
+from bench.registry import ATTACKS, DEFENSES, METRICS, discover
+from bench.run.deadline import CellTimeout, exit_reason, within
 from bench.run.leases import new_run_id
 from bench.run.spec import Cell
 
@@ -223,7 +224,8 @@ def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
     """Record of a cell that raised: the one-line reason, and the run's metrics when the run itself finished."""
     if os.environ.get("LEAKBENCH_TRACEBACK"):
         traceback.print_exception(err)
-    return _record(cell, "failed", one_line(err), _run_metrics(dict(run.metrics)) if run else {})
+    reason = exit_reason(err) if isinstance(err, SystemExit) else one_line(err)
+    return _record(cell, "failed", reason, _run_metrics(dict(run.metrics)) if run else {})
 
 
 def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = None,
@@ -238,16 +240,27 @@ def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = Non
         yield record
 
 
+# what a cell's code may raise that becomes its failed record: any error, its time limit, and a sys.exit, which
+# would otherwise end the run with status 0 and the cell missing (KeyboardInterrupt still stops the run)
+CELL_FAULTS = (Exception, CellTimeout, SystemExit)
+
+
 def _group_records(cells: list[Cell], data_root: str | None,
                    on_round: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
+    limit = cells[0].timeout_s   # one scenario, one limit: each step (the run, each attack) gets it whole
+    if limit:
+        discover()   # outside the limit: loading every component is the process's cost, not the cell's
     try:
-        run = federate(cells[0], data_root, on_round, group=cells)
-    except Exception as err:  # recorded per cell and reported by the exit status, never hidden
+        with within(limit, "the federated run"):
+            run = federate(cells[0], data_root, on_round, group=cells)
+    except CELL_FAULTS as err:  # recorded per cell and reported by the exit status, never hidden
         for cell in cells:
             yield failed(cell, err)
         return
     for cell in cells:
         try:
-            yield score_cell(cell, run)
-        except Exception as err:
-            yield failed(cell, err, run)
+            with within(limit, f"the attack {cell.attack.label}"):
+                record = score_cell(cell, run)
+        except CELL_FAULTS as err:
+            record = failed(cell, err, run)
+        yield record

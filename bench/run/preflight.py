@@ -1,25 +1,32 @@
-"""Load-time checks of a suite, before anything runs or is written: every scenario's data files
-present and intact and its attack setting within a client's share (check_suite_data), and every
-scenario's data loading, model building and attack applicability (preflight). A fault is one line."""
+"""Load-time checks of a suite, before anything runs or is written: every scenario's data files and model
+checkpoint present and intact and its attack setting within a client's share (check_suite_data), and every
+scenario's data loading, model building and attack applicability (preflight). A fault is one line.
+
+Both check what is available (packages, data files, weights), so with `only` (--only) they check just the
+scenarios holding a selected cell: a run of some cells does not need what the others would. What needs nothing
+installed (the suite's structure, names, parameters, bounds) was checked for every cell when it was parsed."""
 from __future__ import annotations
 
 import math
 
 from bench.data.checks import DataInfo, check_dataset
 from bench.data.loading import resolve_data_root
+from bench.models.checkpoints import check_weights
 from bench.protocol.contracts import returned_reason
-from bench.registry import ATTACKS, DEFENSES
+from bench.registry import ATTACKS, DEFENSES, MODELS
 from bench.run.cells import one_line
 from bench.run.spec import Suite
 
 
-def preflight(suite: Suite, data_root: str | None) -> Suite:
-    """Load-time checks of every scenario, before any cell runs: its data loads, its model builds on it
+def preflight(suite: Suite, data_root: str | None, only: str | None = None) -> Suite:
+    """Load-time checks of every scenario (with `only`: of those holding a selected cell), before any cell runs:
+    its data loads, its model builds on it
     (parameter ranges, no sentence longer than the model's positions), its membership pool fits the
     held-out data, and each of its attacks can run there at all (Attack.applicable). A fault raises a
     one-line DataError / SpecError; what is left to run time is what a defense decides. Returns the suite
     without the grid points a defense cannot apply to (Defense.applicable), which it lists with their reasons
-    (the page shows them "n/a"), and with each classification scenario's chance accuracy."""
+    (the page shows them "n/a"), with each classification scenario's chance accuracy, and naming the scenarios
+    it did not check (`unchecked`)."""
     import dataclasses
     import json
 
@@ -33,8 +40,11 @@ def preflight(suite: Suite, data_root: str | None) -> Suite:
     models: dict[tuple, object] = {}   # one build per (data, model, parameters): a suite repeats them
     not_applicable: dict[tuple[str, str], str] = {}
     chance: dict[str, float] = {}
-    for sc in suite.scenarios:
-        attacks = list({c.attack.label: c.attack for c in suite.cells if c.scenario == sc}.values())
+    by_scenario = _by_scenario(suite)
+    checked = _selected_scenarios(suite, only)
+    for sc in checked:
+        cells = by_scenario[sc.name]
+        attacks = list({c.attack.label: c.attack for c in cells}.values())
         data = load_dataset(sc.dataset, root, max_train=sc.max_train, max_test=sc.max_test, seed=sc.seed,
                             seq_len=sc.seq_len)
         key = (sc.dataset, sc.max_train, sc.max_test, sc.seed, sc.seq_len, sc.model,
@@ -45,11 +55,11 @@ def preflight(suite: Suite, data_root: str | None) -> Suite:
             facts = setting(sc, data, models[key])
             if any(ATTACKS.get(a.name).needs_membership for a in attacks):
                 check_membership(sc, len(data.test_y))
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, OSError) as err:   # OSError: a checkpoint file the checks let through
             raise SpecError(f"scenario '{sc.name}': {one_line(err).split(': ', 1)[-1]}") from None
         if facts.knowledge.task == "classification":
             chance[sc.name] = 1.0 / facts.knowledge.num_classes
-        for component in {c.defense.label: c.defense for c in suite.cells if c.scenario == sc}.values():
+        for component in {c.defense.label: c.defense for c in cells}.values():
             defense = DEFENSES.get(component.name)(**component.params)
             reason = returned_reason(defense, "applicable", defense.applicable(facts))
             if reason is not None:
@@ -65,19 +75,45 @@ def preflight(suite: Suite, data_root: str | None) -> Suite:
         scenario, label = next(iter(not_applicable))
         raise SpecError(f"suite '{suite.name}': no defense applies to any scenario ({label} in '{scenario}': "
                         f"{not_applicable[(scenario, label)]}); change the scenarios or the defenses")
+    names = {sc.name for sc in checked}
     return dataclasses.replace(suite, cells=cells, chance=tuple(chance.items()), not_applicable=tuple(
-        (scenario, label, reason) for (scenario, label), reason in not_applicable.items()))
+        (scenario, label, reason) for (scenario, label), reason in not_applicable.items()),
+        unchecked=tuple(sc.name for sc in suite.scenarios if sc.name not in names))
 
 
-def check_suite_data(suite, data_root) -> None:
-    """Every scenario's data present and intact, and its attack setting within a client's share."""
+def _by_scenario(suite: Suite) -> dict[str, list]:
+    """The suite's cells by scenario name, in one pass (a suite may hold thousands)."""
+    out: dict[str, list] = {}
+    for cell in suite.cells:
+        out.setdefault(cell.scenario.name, []).append(cell)
+    return out
+
+
+def _selected_scenarios(suite: Suite, only: str | None) -> list:
+    """The scenarios holding a cell `only` selects (all without it); one that selects none is refused."""
+    if not only:
+        return suite.scenarios
+    from bench.run.runner import select
+
+    names = {c.scenario.name for c in select(suite, only)}
+    return [sc for sc in suite.scenarios if sc.name in names]
+
+
+def check_suite_data(suite, data_root, only: str | None = None) -> None:
+    """Every scenario's (with `only`: every selected cell's scenario's) data and model checkpoint present and
+    intact, and its attack setting within a client's share."""
     from bench.federation.scenario import SpecError
 
     root = resolve_data_root(data_root)
     infos: dict[str, DataInfo] = {}
-    for sc in suite.scenarios:
-        info = infos.setdefault(sc.dataset, check_dataset(sc.dataset, root))
+    for sc in _selected_scenarios(suite, only):
         where = f"scenario '{sc.name}'"
+        try:
+            check_weights(sc.model, MODELS.get(sc.model), sc.model_params.get("weights", ""))
+        except ValueError as err:
+            model = "" if f"model '{sc.model}'" in str(err) else f" model '{sc.model}'"
+            raise SpecError(f"{where}{model}: {err}") from None
+        info = infos.setdefault(sc.dataset, check_dataset(sc.dataset, root))
         if info.num_classes is not None and sc.partition == "k-classes" and sc.classes_per_client > info.num_classes:
             raise SpecError(f"{where}: classes_per_client {sc.classes_per_client} exceeds the {info.num_classes} "
                             f"classes of {sc.dataset}; did you mean {info.num_classes}?")

@@ -192,6 +192,21 @@ def reusable(store: Store, cells: list[Cell], fingerprints: dict[str, str],
     return found
 
 
+def membership(suite: Suite, stored: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The suite's cell ids and page info. Scenarios the load-time checks skipped (--only selected none of
+    their cells) keep what the stored page info says of them: their n/a grid points (left out of the
+    membership) and chance accuracy."""
+    info = suite.page_info()
+    skipped = set(suite.unchecked)
+    if skipped:
+        for key in ("not_applicable", "chance"):
+            kept = {sc: v for sc, v in (stored.get(key) or {}).items() if sc in skipped}
+            info[key] = {**kept, **info[key]}
+    na = info["not_applicable"]
+    return [c.cell_id for c in suite.cells if c.defense.label not in na.get(c.scenario.name, {})
+            or c.scenario.name not in skipped], info
+
+
 def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, workers: int | None = None,
               progress: Callable[..., Any] | None = None, force: bool = False, only: str | None = None,
               dry_run: bool = False, poll_s: float = 1.0, executor: str | Any | None = None,
@@ -252,7 +267,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     except BaseException:
         store.close()
         raise
-    store.set_membership(suite.name, [c.cell_id for c in suite.cells], suite.page_info())
+    store.set_membership(suite.name, *membership(suite, store.suite_info(suite.name)))
     counts = {"ok": 0, "blocked": 0, "diverged": 0, "failed": 0, "skipped": skipped}
     failures: list[tuple[str, str]] = []
     bar = progress(total=sum(len(g) for g in pending), desc=f"suite {suite.name}", unit="cell") if progress else None

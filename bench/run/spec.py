@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import itertools
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 
 from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name
 from bench.protocol.records import config_id
+from bench.run.limits import MAX_BYTES, MAX_DEPTH, Limits, check_count, check_depth, check_timeout, text_depth
+from bench.run.mistakes import check_data_fields, check_pages, check_unique, known_names
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class Cell:
     scenario: Scenario
     defense: Component
     attack: Component
+    # seconds each step of the cell may take (its group's federated run, its attack); a run setting, not part of
+    # the work: left out of the config, the id and equality (bench/run/deadline.py)
+    timeout_s: float | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         return {"scenario": dataclasses.asdict(self.scenario),
@@ -73,6 +79,7 @@ class Suite:
     # (scenario, defense label, reason): grid points a defense cannot apply to (Defense.applicable), left out
     not_applicable: tuple[tuple[str, str, str], ...] = ()
     chance: tuple[tuple[str, float], ...] = ()   # (scenario, 1 / classes) where the task is classification
+    unchecked: tuple[str, ...] = ()       # scenarios the load-time checks skipped (no cell selected by --only)
 
     def page_info(self) -> dict[str, Any]:
         """What a page needs beside the records: the notes, and the facts verdicts are judged against (which rows
@@ -99,9 +106,17 @@ class Suite:
 
 # --------------------------------------------------------------------------- parsing
 
-def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -> list[Component]:
-    """Each table: name, params, and an optional sweep {param: [values]} expanded as a product."""
+def _key(value: Any) -> str:
+    """Canonical text of parameters, as the cell id hashes them: equal keys, the same work."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _components(tables: list[dict[str, Any]], kind: str, registry, where: str, limit: int) -> list[Component]:
+    """Each table: name, params, and an optional sweep {param: [values]} expanded as a product. Overlapping
+    sweeps name a setting once; a table that adds no setting (the same name and params as earlier ones) is a
+    mistake, refused, and so are more settings than `limit` (counted before they are expanded)."""
     out: list[Component] = []
+    seen: dict[tuple[str, str], int] = {}   # (name, params key) -> the table that named it first
     for i, table in enumerate(tables):
         spot = f"{where} {kind}s[{i}]"
         if not isinstance(table, dict):
@@ -124,9 +139,19 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -
         bad = [k for k, v in sweep.items() if not isinstance(v, list) or not v]
         if bad:
             raise SpecError(f"{spot}: sweep '{bad[0]}' must be a non-empty list, got {sweep[bad[0]]!r}")
+        for k, values in sweep.items():
+            keys = [_key(v) for v in values]
+            if len(set(keys)) < len(keys):
+                twice = next(v for v, n in zip(values, keys) if keys.count(n) > 1)
+                raise SpecError(f"{spot}: sweep '{k}' lists {twice!r} twice; did you mean "
+                                f"{list(dict(zip(keys, values)).values())!r}?")
         keys = sorted(sweep)
+        check_count(spot, f"{kind} settings", len(out) + math.prod(len(sweep[k]) for k in keys), limit, "--max-cells")
+        new = 0
         for combo in itertools.product(*(sweep[k] for k in keys)):
             merged = {**params, **dict(zip(keys, combo))}
+            if (name, _key(merged)) in seen:
+                continue
             check = getattr(registry.get(name), "check_params", None)
             if check is not None:
                 try:
@@ -134,7 +159,13 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str) -
                 except Exception as err:   # any constructor failure is a load-time fault of the suite
                     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                     raise SpecError(f"{spot} '{name}'{_plugin(registry, name)}: {text}") from None
+            seen[(name, _key(merged))] = i
             out.append(Component(name, merged))
+            new += 1
+        if not new:
+            first = seen[(name, _key({**params, **{k: sweep[k][0] for k in keys}}))]
+            raise SpecError(f"{spot}: names {kind} '{Component(name, params).label}' with the same params as "
+                            f"{kind}s[{first}], so it adds no cell; remove it or change its params")
     return out
 
 
@@ -171,31 +202,48 @@ def _override(component: Component, params: dict | None, registry, where: str) -
     return Component(component.name, merged)
 
 
-def _narrowing(table: dict[str, Any], key: str, components: list[Component], where: str) -> list[str] | None:
-    """A scenario's `defenses`/`attacks` list: each entry must name a component of the suite exactly."""
+def _index(components: list[Component]) -> dict[str, list[int]]:
+    """Positions of the components by name and by full label "name(k=v, ...)": what a scenario's narrowing
+    list may say."""
+    index: dict[str, list[int]] = {}
+    for pos, c in enumerate(components):
+        index.setdefault(c.name, []).append(pos)
+        if c.label != c.name:
+            index.setdefault(c.label, []).append(pos)
+    return index
+
+
+def _narrowing(table: dict[str, Any], key: str, components: list[Component], index: dict[str, list[int]],
+               where: str) -> list[Component]:
+    """A scenario's `defenses`/`attacks` list (each entry names a component of the suite exactly), as the
+    components it keeps in suite order; all of them without one."""
     value = table.get(key)
     if value is None:
-        return None
+        return components
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or not value:
         raise SpecError(f"{where}: '{key}' must be a non-empty list of names, got {value!r}")
-    valid = sorted({c.name for c in components} | {c.label for c in components})
     for entry in value:
-        if entry not in valid:
+        if entry not in index:
+            valid = sorted(index)
             close = difflib.get_close_matches(entry, valid, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"the suite's {key}: {', '.join(valid)}"
             raise SpecError(f"{where}: '{key}' names '{entry}', which is not among the suite's {key}; {hint}")
-    return value
+    return [components[pos] for pos in sorted({pos for entry in value for pos in index[entry]})]
 
 
-def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
-    from bench.registry import ATTACKS, DATASETS, DEFENSES, MODELS
+TOP_KEYS = ["name", "description", "notes", "cell_timeout_s", "figures", "paper", "scenarios", "defenses", "attacks"]
+SCENARIO_ONLY = ("defenses", "attacks", "defense_params", "cell_timeout_s")   # keys of the table, not the Scenario
 
-    where = f"suite {source or '<inline>'}"
-    top = ["name", "description", "notes", "figures", "paper", "scenarios", "defenses", "attacks"]
-    unknown = set(data) - set(top)
+
+def _head(data: Any, where: str) -> str:
+    """The suite's name, after its top-level keys and lists are checked."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: must be a table of name, scenarios, defenses, attacks, got {type(data).__name__}")
+    check_depth(where, data)
+    unknown = set(data) - set(TOP_KEYS)
     if unknown:
         key = sorted(unknown)[0]
-        close = difflib.get_close_matches(key, top, n=1)
+        close = difflib.get_close_matches(key, TOP_KEYS, n=1)
         raise SpecError(f"{where}: unknown key '{key}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     name = data.get("name")
     if name is None:
@@ -210,61 +258,72 @@ def parse_suite(data: dict[str, Any], source: str = "") -> Suite:
     for key in ("scenarios", "defenses", "attacks"):
         if not isinstance(data.get(key), list) or not data[key]:
             raise SpecError(f"{where}: needs at least one [[{key}]] table")
+    return name
+
+
+def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = None,
+                cell_timeout_s: float | None = None) -> Suite:
+    """The suite `data` describes, every cell validated. `limits` bounds its scenarios and cells (default:
+    Limits.resolve()); `cell_timeout_s` is the time limit of cells whose scenario sets none (default: the
+    suite's own `cell_timeout_s`, else none)."""
+    from bench.registry import ATTACKS, DATASETS, DEFENSES, MODELS
+
+    where = f"suite {source or '<inline>'}"
+    limits = limits or Limits.resolve()
+    name = _head(data, where)
+    check_count(where, "scenarios", len(data["scenarios"]), limits.scenarios, "--max-scenarios")
+    default_timeout = check_timeout(cell_timeout_s, "--cell-timeout") if cell_timeout_s is not None else \
+        check_timeout(data.get("cell_timeout_s"), f"{where}: cell_timeout_s")
     scenarios = []
+    folded: dict[str, int] = {}   # lower-cased name -> index: names become file names, on case-blind disks too
     for i, table in enumerate(data["scenarios"]):
+        spot = f"{where} scenarios[{i}]"
         if not isinstance(table, dict):
-            raise SpecError(f"{where} scenarios[{i}]: must be a table like [[scenarios]] name = \"...\", "
+            raise SpecError(f"{spot}: must be a table like [[scenarios]] name = \"...\", "
                             f"got {type(table).__name__} {table!r}")
-        local = {k: v for k, v in table.items() if k not in ("defenses", "attacks", "defense_params")}
-        scenario = build(Scenario, local, f"{where} scenarios[{i}]")
+        local = {k: v for k, v in table.items() if k not in SCENARIO_ONLY}
+        scenario = build(Scenario, local, spot)
         for registry, value in ((DATASETS, scenario.dataset), (MODELS, scenario.model)):
             if value not in registry:
-                raise SpecError(f"{where} scenarios[{i}]: {registry.unknown(value)}")
+                raise SpecError(f"{spot}: {registry.unknown(value)}")
         try:
             check_model_params(scenario.model, scenario.model_params)
         except (TypeError, ValueError) as err:
-            raise SpecError(f"{where} scenarios[{i}] model_params{_plugin(MODELS, scenario.model)}: {err}") from None
-        scenarios.append((scenario, table))
-    names = [s.name for s, _ in scenarios]
-    if len(set(names)) != len(names):
-        raise SpecError(f"{where}: scenario names must be unique")
-    defenses = _components(data["defenses"], "defense", DEFENSES, where)
-    attacks = _components(data["attacks"], "attack", ATTACKS, where)
-    cells = []
-    for i, (scenario, table) in enumerate(scenarios):  # narrowing by name or by full label "name(k=v, ...)"
-        only_d = _narrowing(table, "defenses", defenses, f"{where} scenarios[{i}]")
-        only_a = _narrowing(table, "attacks", attacks, f"{where} scenarios[{i}]")
-        overrides = _defense_params(table.get("defense_params", {}), DEFENSES, f"{where} scenarios[{i}]")
-        for d in defenses:
-            if only_d is not None and d.name not in only_d and d.label not in only_d:
-                continue
-            d = _override(d, overrides.get(d.name), DEFENSES, f"{where} scenarios[{i}]")
-            for a in attacks:
-                if only_a is not None and a.name not in only_a and a.label not in only_a:
-                    continue
-                cell = Cell(name, scenario, d, a)
-                if cell not in cells:  # overlapping sweeps name the same cell once
-                    cells.append(cell)
-    from leaderboards.figures import check_figure
-    figures = tuple(data.get("figures", []))
-    for i, fig in enumerate(figures):
-        try:
-            check_figure(fig)
-        except ValueError as err:
-            raise SpecError(f"{where} figures[{i}]: {err}") from None
-    from leaderboards.paper import check_paper
-    paper = tuple(data.get("paper", []))
-    for i, row in enumerate(paper):
-        try:
-            check_paper(row)
-        except ValueError as err:
-            raise SpecError(f"{where} paper[{i}]: {err}") from None
+            raise SpecError(f"{spot} model_params{_plugin(MODELS, scenario.model)}: {err}") from None
+        check_data_fields(local, scenario.dataset, spot)
+        check_unique(scenario.name, i, folded, spot)
+        timeout = check_timeout(table.get("cell_timeout_s"), f"{spot}: cell_timeout_s") or default_timeout
+        scenarios.append((scenario, table, timeout))
+    defenses = _components(data["defenses"], "defense", DEFENSES, where, limits.cells)
+    attacks = _components(data["attacks"], "attack", ATTACKS, where, limits.cells)
+    by_d, by_a = _index(defenses), _index(attacks)
+    plan = []
+    for i, (scenario, table, timeout) in enumerate(scenarios):  # narrowing by name or by full label
+        spot = f"{where} scenarios[{i}]"
+        overrides = _defense_params(table.get("defense_params", {}), DEFENSES, spot)
+        chosen = _narrowing(table, "defenses", defenses, by_d, spot)
+        plan.append((scenario, [_override(d, overrides.get(d.name), DEFENSES, spot) for d in chosen],
+                     _narrowing(table, "attacks", attacks, by_a, spot), timeout))
+    check_count(where, "cells", sum(len(ds) * len(atts) for _, ds, atts, _ in plan), limits.cells, "--max-cells",
+                f" ({len(plan)} scenario(s) x their defenses x attacks)")
+    cells, seen = [], set()
+    for i, (scenario, ds, atts, timeout) in enumerate(plan):
+        keyed = [(a, (a.name, _key(a.params))) for a in atts]
+        for d in ds:
+            dk = (d.name, _key(d.params))
+            for a, ak in keyed:
+                if (i, dk, ak) not in seen:   # a scenario's defense_params may make two settings one cell
+                    seen.add((i, dk, ak))
+                    cells.append(Cell(name, scenario, d, a, timeout))
+    known = known_names([s for s, _, _ in scenarios], defenses, attacks)
+    figures, paper = tuple(data.get("figures", [])), tuple(data.get("paper", []))
+    check_pages(figures, paper, known, where)
     return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures,
                  paper)
 
 
-def load_suite(ref: str | Path) -> Suite:
-    """A built-in suite name or a path to a TOML file."""
+def load_suite(ref: str | Path, limits: Limits | None = None, cell_timeout_s: float | None = None) -> Suite:
+    """A built-in suite name or a path to a TOML file (`limits`, `cell_timeout_s`: as parse_suite)."""
     from bench.registry import SUITES
 
     ref = str(ref)
@@ -283,19 +342,33 @@ def load_suite(ref: str | Path) -> Suite:
         if not exists:
             raise SpecError(f"suite file '{path}' does not exist; pass a built-in name ({', '.join(SUITES.names())}) "
                             "or an existing .toml path")
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise SpecError(f"suite file '{path}' is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
-        except OSError as err:
-            raise SpecError(f"suite file '{path}' cannot be read ({err.strerror}); check its permissions") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise SpecError(f"suite file '{path}' is not valid TOML: {str(err).splitlines()[0]}") from None
-        return parse_suite(data, str(path))
+        return parse_suite(_read_toml(path), str(path), limits, cell_timeout_s)
     try:
         suite_path = SUITES.get(ref)
     except KeyError as err:
         raise SpecError(str(err)) from None
-    return parse_suite(tomllib.loads(Path(suite_path).read_text()), str(ref))
+    return parse_suite(_read_toml(Path(suite_path)), str(ref), limits, cell_timeout_s)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """A suite file's TOML, refused in one line when it is too large, not UTF-8, nested too deep or not TOML."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise SpecError(f"suite file '{path}' holds {size:,} bytes, over the {MAX_BYTES:,} a suite may; a grid "
+                            "that large is written with sweeps")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(f"suite file '{path}' is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    except OSError as err:
+        raise SpecError(f"suite file '{path}' cannot be read ({err.strerror}); check its permissions") from None
+    depth, line = text_depth(text)
+    if depth > MAX_DEPTH:
+        raise SpecError(f"suite file '{path}' line {line}: values nest deeper than {MAX_DEPTH} levels of [ ] and "
+                        "{ }; parameters are numbers, strings or short lists, so flatten them")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"suite file '{path}' is not valid TOML: {str(err).splitlines()[0]}") from None
+    except RecursionError:   # nesting the scan above does not count (it counts brackets only)
+        raise SpecError(f"suite file '{path}' nests its values too deep to read; flatten them") from None
