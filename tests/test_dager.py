@@ -189,9 +189,10 @@ def test_text_scenarios_fail_at_load_with_one_line(tmp_path, capsys, data_root, 
                                                    ("plaintext", 2, "ok"), ("she-lora(budget=0.05)", 2, "blocked")])
 def test_lora_factor_uploads(data_root, defense, rounds, expect):
     """Uploads of trained factors (uploads_weights): the attacker subtracts the global weights it sent. In the
-    first round she-lora's plaintext B and the public initial A give DAGER everything; after one aggregation
-    the clients' factors come from decrypted columns, so the server no longer knows the global weights.
-    Plaintext LoRA in its second round (B != 0) is read through grad A."""
+    first round she-lora's plaintext B, A's plaintext columns in the upload (the client drew A0, B0 = 0 left A
+    at it) and the 6 hidden columns solved for give DAGER everything; after one aggregation the clients'
+    factors come from decrypted columns, so the server no longer knows the global weights. Plaintext LoRA in
+    its second round (B != 0) is read through grad A."""
     import defenses.shelora  # noqa: F401
     name, _, params = defense.partition("(")
     suite = parse_suite({"name": "t", "scenarios": [{
