@@ -33,7 +33,8 @@ What follows the paper where the code differs (stated here, not copied):
   two rounds (get_model in every fit) from an RNG it does not seed;
 - the swap keeps untouched columns in order (lora.swap_order); the code swaps in sequence (she/ckks_client.py
   exchange_columns), which differs only in where untouched tail columns land, except when a chosen column
-  is a tail slot an earlier swap filled: then the code leaves it in clear (a recorded case in the parity test).
+  is a tail slot an earlier swap filled: then the code leaves it in clear (a recorded case in the parity test);
+  our blocks take the negotiated list from its start, the code's the tail left to right (same count and widths).
 Remedy against the "server" variant's first-round leak: grad B = -lr G (A0 X)^T travels in clear, and a
 server that drew A0 maps it back to the inputs (attacks/dager.py, lora_path "factor-b"); under "client" it
 knows A0's plaintext columns only (DAGER solves for the k others, attacks/dager_hidden.py).
