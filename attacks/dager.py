@@ -230,8 +230,10 @@ class Dager(Attack):
                   "layer1_tokens": [len(t) for t in tokens]} | timings
         return Reconstruction(texts=texts, extra=extra)
 
-    def _spans(self, view: ServerView, knowledge: Knowledge, arch: Arch, state: dict, weights: dict):
-        """Spans of layers 1 and 2 at the estimated rank, or None when a layer has no visible block."""
+    def _spans(self, view: ServerView, knowledge: Knowledge, arch: Arch, state: dict, weights: dict | None = None):
+        """Spans of layers 1 and 2 at the estimated rank, or None when a layer has no visible block; `weights`:
+        the start weights as the server knows them (dager_hidden.start_weights)."""
+        weights = weights if weights is not None else dager_hidden.start_weights(view, knowledge)[0]
         blocks = []
         for proj in arch.layers[:10]:
             if any(n not in view.values for n in proj.grad_names):

@@ -17,13 +17,14 @@ P A_K x_K = -(P A_U) x_U, linear in the unknown W = P A_U (r x k) with x_U known
 candidates closest to S with U dropped are mostly true ones (measured: at gamma = 1 % the 50 closest of
 49,152 tokens all are), so W is fitted by least squares on the q = k + `margin` closest and refined by
 trimmed least squares (refit on the q closest under the fit) until the fit holds exactly (within `tol`) on
-more candidates than it was fitted on. A fit on q > k exact points that generic candidates also satisfy
-exactly does not happen by chance: each extra point checks r - rank equations. Then A_U := W, whose part in
+at least k + margin linearly independent candidates (k unknowns per coordinate). A fit on q > k independent exact
+points does not happen by chance: each point beyond k checks r - rank equations. Then A_U := W, whose part in
 S is left 0 (it changes only the norm a candidate's distance is divided by). When fewer than k + margin
 true inputs exist (k above the batch's distinct tokens: at gamma = 20 %, 115 columns) no fit confirms and the
 columns stay dropped, so the test finds nothing; `solved` records it. Layer 1's candidates are the
 vocabulary's layer-1 inputs; layer 2's (decoders only) are the inputs of a beam of prefixes over the layer-1
-tokens, ranked the same way.
+tokens, ranked the same way, and where that ranking is too weak (SmolLM2's second layer) `anchored` fits W on
+the first tokens and finds the one direction they leave free from the pairs that agree on it.
 """
 from __future__ import annotations
 
@@ -64,13 +65,23 @@ def hidden_columns(a: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(torch.isnan(a[rows]).any(0)).flatten()
 
 
-def _parts(span: Span, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(A_K x_K on the kept rows, its part off the span, x_U) per candidate, float64; near-duplicates removed
-    (a prefix of one repeated token has its first token's input up to rounding, and would count twice in a
-    fit's support)."""
+def _parts(span: Span, inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(inputs, A_K x_K on the kept rows, its part off the span, x_U) per candidate, float64; near-duplicates
+    removed (a prefix of one repeated token has its first token's input up to rounding)."""
     v = _distinct(inputs.float())
     mapped = span.mapped(v)
-    return mapped.double(), span.residual(mapped).double(), v[:, span.hidden].double()
+    return v.double(), mapped.double(), span.residual(mapped).double(), v[:, span.hidden].double()
+
+
+def _independent(v: torch.Tensor, tol: float = 1e-4) -> int:
+    """How many of the inputs are linearly independent (unit rows, singular values above tol of the largest).
+    A fit confirms only on more independent inputs than unknowns: any k independent inputs fit exactly, and
+    a family of nearly dependent ones (a token and its repetitions) adds nothing to that (measured: 8 inputs
+    of rank 5 passed a fit of k = 5 at 1e-11)."""
+    if not len(v):
+        return 0
+    sv = torch.linalg.svdvals(v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30))
+    return int((sv > tol * sv[0]).sum())
 
 
 def _distinct(v: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
@@ -85,8 +96,10 @@ def _distinct(v: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
 
 
 def _dist(mapped, r, u, wt) -> torch.Tensor:
-    """Each candidate's distance to the span once the hidden columns hold W (W^T = wt, k x r')."""
-    return (r + u @ wt).norm(dim=-1) / (mapped + u @ wt).norm(dim=-1).clamp_min(1e-30)
+    """Each candidate's distance to the span once the hidden columns hold W (W^T = wt, k x r'), relative to its
+    known part A_K x_K: relative to the whole A x, a fit with a huge W (q points nearly dependent in x_U)
+    would pass any candidate."""
+    return (r + u @ wt).norm(dim=-1) / mapped.norm(dim=-1).clamp_min(1e-30)
 
 
 def _commit(span: Span, mapped, r, u, inliers: torch.Tensor) -> int:
@@ -103,7 +116,7 @@ def solve(span: Span, inputs: torch.Tensor, tol: float, margin: int = MARGIN, ro
     """Fill span.transform's hidden columns from candidate inputs (N, n) by trimmed least squares from the
     closest with those columns dropped; returns how many candidates the confirmed fit holds on (0: none
     confirmed, the columns stay 0, i.e. dropped)."""
-    mapped, r, u = _parts(span, inputs)
+    v, mapped, r, u = _parts(span, inputs)
     q = len(span.hidden) + margin
     if len(r) < q:
         return 0
@@ -111,13 +124,20 @@ def solve(span: Span, inputs: torch.Tensor, tol: float, margin: int = MARGIN, ro
     for _ in range(rounds):
         dist = _dist(mapped, r, u, -torch.linalg.lstsq(u[sel], r[sel]).solution)
         inliers = torch.nonzero(dist < tol).flatten()
-        if len(inliers) >= q and bool((dist[sel] < tol).all()):
+        if _independent(v[inliers]) >= q and bool((dist[sel] < tol).all()):
             return _commit(span, mapped, r, u, inliers)
         new = torch.argsort(dist)[:q]
         if set(new.tolist()) == set(sel.tolist()):
             return 0
         sel = new
     return 0
+
+
+def _layer2(arch: Arch, span: Span, prefixes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Layer-2 inputs at the last position of each prefix, with their (mapped, residual, x_U) in float64."""
+    x = torch.cat([arch.layer_inputs(prefixes[s:s + 256], layer=1)[:, -1] for s in range(0, len(prefixes), 256)])
+    mapped = span.mapped(x)
+    return x, mapped.double(), span.residual(mapped).double(), x[:, span.hidden].double()
 
 
 @torch.no_grad()
@@ -127,25 +147,30 @@ def anchored(arch: Arch, span: Span, tokens: list[list[int]], batch_size: int, t
     28th to 3,384th of 4,225): anchor on the a = min(k - 1, B) first tokens whose position-0 inputs are closest
     (there the ranking holds: the true ones rank first at gamma = 1 %), fit W on them up to the one direction
     xi of x_U they leave free, so a true pair's reduced residual rho satisfies rho = -c (xi . x_U) for one
-    unknown c: the pairs whose rho / (xi . x_U) coincide (within `cluster`, relative) give c. The fit then
-    grows along the prefixes it accepts until it holds on k + margin inputs; 0 when it does not."""
+    unknown c: the pairs whose rho / (xi . x_U) coincide (within `cluster`, relative) give c (with one hidden
+    column no anchor is needed: the position-0 inputs share it). The fit then grows along the prefixes it
+    accepts until it holds on k + margin inputs; 0 when it does not."""
     k, a = len(span.hidden), min(len(span.hidden) - 1, batch_size, len(tokens[0]) if tokens else 0)
-    if a < 1 or len(tokens) < 2:
+    if len(tokens) < 2:
         return 0
     dev = arch.device
     firsts = torch.tensor(tokens[0], device=dev)
-    x0 = arch.layer_inputs(firsts[:, None], layer=1)[:, -1]
-    m0, r0, u0 = span.mapped(x0).double(), span.residual(span.mapped(x0)).double(), x0[:, span.hidden].double()
-    acc = torch.argsort(r0.norm(dim=-1) / m0.norm(dim=-1).clamp_min(1e-30))[:a]
-    _, sv, vh = torch.linalg.svd(u0[acc])
-    free = vh[int((sv > sv[0] * 1e-9).sum()):]
-    if len(free) != 1:
-        return 0
-    xi, wt0 = free[0], -torch.linalg.pinv(u0[acc]) @ r0[acc]
-    second = torch.tensor(tokens[1], device=dev)
-    pairs = torch.stack([firsts[acc].repeat_interleave(len(second)), second.repeat(a)], 1)
-    x1 = torch.cat([arch.layer_inputs(pairs[s:s + 256], layer=1)[:, -1] for s in range(0, len(pairs), 256)])
-    m1, r1, u1 = span.mapped(x1).double(), span.residual(span.mapped(x1)).double(), x1[:, span.hidden].double()
+    x0, m0, r0, u0 = _layer2(arch, span, firsts[:, None])
+    if a == 0:   # one hidden column: the position-0 inputs themselves share rho / x_U
+        if k != 1:
+            return 0
+        xi, wt0, cand = u0.new_ones(1), r0.new_zeros(1, r0.shape[1]), firsts[:, None]
+        x1, m1, r1, u1 = x0, m0, r0, u0
+    else:
+        acc = torch.argsort(r0.norm(dim=-1) / m0.norm(dim=-1).clamp_min(1e-30))[:a]
+        _, sv, vh = torch.linalg.svd(u0[acc])
+        free = vh[int((sv > sv[0] * 1e-9).sum()):]
+        if len(free) != 1:
+            return 0
+        xi, wt0 = free[0], -torch.linalg.pinv(u0[acc]) @ r0[acc]
+        second = torch.tensor(tokens[1], device=dev)
+        cand = torch.stack([firsts[acc].repeat_interleave(len(second)), second.repeat(a)], 1)
+        x1, m1, r1, u1 = _layer2(arch, span, cand)
     scale = u1 @ xi
     z = (r1 + u1 @ wt0) / torch.where(scale.abs() > 1e-12, scale, torch.full_like(scale, 1e-12))[:, None]
     near = torch.cdist(z, z) < cluster * z.norm(dim=-1, keepdim=True)
@@ -153,19 +178,18 @@ def anchored(arch: Arch, span: Span, tokens: list[list[int]], batch_size: int, t
     if int(count.max()) < 2:
         return 0
     wt = wt0 - xi[:, None] * z[near[int(torch.argmax(count))]].mean(0)[None, :]
-    inputs, prefixes = [x0, x1], pairs[_dist(m1, r1, u1, wt) < tol]
-    for p in range(2, len(tokens)):
+    inputs, prefixes = [x0, x1], cand[_dist(m1, r1, u1, wt) < tol]
+    for p in range(cand.shape[1], len(tokens)):
         if not len(prefixes) or sum(len(x) for x in inputs) > 64 * (k + margin):
             break
         nxt = torch.tensor(tokens[p], device=dev)
         ext = torch.cat([prefixes.repeat_interleave(len(nxt), 0), nxt.repeat(len(prefixes)).unsqueeze(1)], 1)
-        x = torch.cat([arch.layer_inputs(ext[s:s + 256], layer=1)[:, -1] for s in range(0, len(ext), 256)])
-        m, r, u = span.mapped(x).double(), span.residual(span.mapped(x)).double(), x[:, span.hidden].double()
+        x, m, r, u = _layer2(arch, span, ext)
         inputs.append(x)
         prefixes = ext[_dist(m, r, u, wt) < tol]
-    mapped, r, u = _parts(span, torch.cat(inputs))
+    v, mapped, r, u = _parts(span, torch.cat(inputs))
     inliers = torch.nonzero(_dist(mapped, r, u, wt) < tol).flatten()
-    if len(inliers) < k + margin:
+    if _independent(v[inliers]) < k + margin:
         return 0
     return _commit(span, mapped, r, u, inliers)
 
