@@ -25,9 +25,11 @@ from bench.registry import ATTACKS
 
 
 def _update_estimate(view: ServerView, knowledge: Knowledge, name: str) -> torch.Tensor:
+    """The update as the server reads it; when uploads carry weights, NaN where it does not know the start
+    (a client-drawn LoRA A): taking that start as 0 would score the start as part of the update."""
     seen = view.values[name].double()
     if knowledge.uploads_weights:
-        seen = seen - torch.nan_to_num(knowledge.global_params[name].double(), nan=0.0)
+        seen = seen - knowledge.global_params[name].double()
     return seen
 
 
@@ -65,9 +67,10 @@ class AuditCanary(Attack):
     def _projection(view: ServerView, knowledge: Knowledge) -> float:
         dot, norm = 0.0, 0.0
         for name, direction in knowledge.canary.update.items():
-            seen = view.visible[name]
+            update = _update_estimate(view, knowledge, name)
+            seen = view.visible[name] & ~torch.isnan(update)
             c = direction.double()[seen]
-            dot += float((torch.nan_to_num(_update_estimate(view, knowledge, name))[seen] * c).sum())
+            dot += float((update[seen] * c).sum())
             norm += float(c.pow(2).sum())
         return dot / max(norm, 1e-30) ** 0.5
 
@@ -78,9 +81,11 @@ class AuditCanary(Attack):
         model.zero_grad()
         torch.nn.functional.cross_entropy(model(canary.x), canary.y).backward()
         params = dict(model.named_parameters())
-        names = [n for n in view.values if n in params and params[n].grad is not None and bool(view.visible[n].any())]
+        updates = {n: _update_estimate(view, knowledge, n) for n in view.values if n in params}
+        seen = {n: view.visible[n] & ~torch.isnan(u) for n, u in updates.items()}
+        names = [n for n in updates if params[n].grad is not None and bool(seen[n].any())]
         if not names:
             return 0.0
-        upload = torch.cat([torch.nan_to_num(_update_estimate(view, knowledge, n))[view.visible[n]] for n in names])
-        grad = torch.cat([params[n].grad.double()[view.visible[n]] for n in names])
+        upload = torch.cat([updates[n][seen[n]] for n in names])
+        grad = torch.cat([params[n].grad.double()[seen[n]] for n in names])
         return float(torch.nn.functional.cosine_similarity(upload, -grad, dim=0))

@@ -32,16 +32,19 @@ are logit-transformed and z-scored; at position 0 tokens below -`std_thresh` sig
 kept, elsewhere the max(50 B, 5 % of the vocabulary) closest; at layer 2 the extensions
 whose mean distance is an outlier below -`std_thresh` sigma (at most B per step) survive.
 
-LoRA (`lora_path`, attacks/dager_arch.py): "auto" reads grad A when the global B the server sent is
-non-zero and A is fully visible, else grad B through the known A; "factor-a" always reads grad A
-(B^T G X^T: zero while B = 0, so a first round from the usual B = 0 init yields nothing; hidden
-columns of A drop those input coordinates); "factor-b" always reads grad B (G (A X)^T) through the
-global A the server knows. The two factor paths give the two readings of an attack on LoRA that
-SHE-LoRA's evaluation distinguishes (leaderboards/suites/she-lora-paper.toml).
+LoRA (`lora_path`, attacks/dager_arch.py): "auto" reads grad A when the start B is non-zero and the
+start A is known and fully visible, else grad B; "factor-a" always reads grad A (B^T G X^T: zero while
+B = 0, so a first round from the usual B = 0 init yields nothing; hidden columns of A drop those input
+coordinates); "factor-b" always reads grad B (G (A X)^T) through the A the client started from, as the
+server knows it from everything it holds: the global A it sent, or, where clients draw A themselves and
+the start B is 0, the plaintext columns of the uploaded A; the columns hidden in both are solved for
+(attacks/dager_hidden.py says how and why not dropped; `solved` in the record: candidates the fit holds
+on per layer, 0 when it could not be confirmed). The two factor paths give the two readings of an attack
+on LoRA that SHE-LoRA's evaluation distinguishes (leaderboards/suites/she-lora-paper.toml).
 
 Blocked by design when the view is empty, the model is not a GPT-2, BERT or LLaMA layout, the
-first two layers' projection gradients are entirely hidden, or the server does not know
-the global weights.
+first two layers' projection gradients are entirely hidden, the server does not know the weights
+the client started from (beyond a LoRA A beside a zero B), or the path's factor A is wholly unknown.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ import time
 
 import torch
 
+from attacks import dager_hidden
 from attacks.dager_arch import Arch
 from attacks.dager_noise import noisy_decoder_search, noisy_layer1_tokens
 from attacks.dager_decoder import decoder_search
@@ -148,8 +152,9 @@ class Dager(Attack):
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
         if view.visible_fraction() == 0.0:
             return "the server view is empty: every entry is encrypted or kept local"
-        if not knowledge.knows_global_model():
-            return "the server does not know the current global weights (clients decrypt or draw them)"
+        start, reason = dager_hidden.start_weights(view, knowledge)
+        if reason:
+            return reason
         layers = Arch(knowledge.build_model(), pad_id=-1).layers[:2]
         names = [n for p in layers for n in ((p.lora_a,) if self.lora_path == "factor-a" else p.grad_names)]
         if any(n not in view.visible for n in names):
@@ -157,6 +162,13 @@ class Dager(Attack):
                    "not sent"
         if all(not bool(view.visible[n].any()) for n in names):
             return "the first two layers' projection gradients are entirely hidden from the server"
+        lora = [p.lora_a for p in layers if p.lora_a is not None]
+        if self.lora_path == "factor-a" and any(bool(torch.isnan(knowledge.global_params[a]).any()) for a in lora):
+            return "grad A needs the A the client started from, and its clients draw A and never send it"
+        if self.lora_path != "factor-a" and any(len(dager_hidden.hidden_columns(start[a])) == start[a].shape[1]
+                                                for a in lora):
+            return "no column of A on the projections DAGER reads is known to the server (drawn by the client and " \
+                   "encrypted in the upload)"
         return None
 
     # -- the attack --------------------------------------------------------------------------------
@@ -165,13 +177,14 @@ class Dager(Attack):
         start = time.perf_counter()
         model = knowledge.build_model()
         state = dict(model.named_parameters()) | dict(model.named_buffers())
+        weights, _ = dager_hidden.start_weights(view, knowledge)
         with torch.no_grad():
-            for name, value in knowledge.global_params.items():
-                state[name].copy_(value)
+            for name, value in weights.items():   # an unknown A sits beside a zero B: it does not act
+                state[name].copy_(torch.nan_to_num(value, nan=0.0))
         model.eval().to(self.device)
         tok = knowledge.tokenizer
         arch = Arch(model, int(tok.pad_token_id))
-        spans, rank, widths, saturated = self._spans(view, knowledge, arch, state)
+        spans, rank, widths, saturated = self._spans(view, knowledge, arch, state, weights)
         timings = {"span_s": time.perf_counter() - start}
         extra = {"matching": arch.kind, "rank": rank, "block_width": widths, "saturated": saturated}
         if spans is None:
@@ -181,13 +194,25 @@ class Dager(Attack):
         max_len = min(knowledge.input_shape[0], getattr(model, "max_positions", knowledge.input_shape[0]))
         t = time.perf_counter()
         stopped = None   # the step where the decoder search stopped for layer-2 saturation
+        for i, span in enumerate(spans):   # scalars, so the record keeps them: hidden columns, and candidates the
+            if span.hidden is not None:     # solved columns hold on (0: not solved, see attacks/dager_hidden.py)
+                extra[f"hidden_columns_l{i + 1}"], extra[f"solved_l{i + 1}"] = len(span.hidden), 0
         if self.noise_filter:
             tokens = noisy_layer1_tokens(arch, spans[0], max_len, drop, knowledge.batch_size, self.std_thresh)
             timings["layer1_s"] = time.perf_counter() - t
             exact, approx = noisy_decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.std_thresh)
         else:
+            if spans[0].hidden is not None:
+                need = 4 * (len(spans[0].hidden) + dager_hidden.MARGIN)
+                pool = dager_hidden.layer1_pool(arch, spans[0], max_len, 2 * knowledge.batch_size, need)
+                extra["solved_l1"] = dager_hidden.solve(spans[0], pool, max(self.l1, 1e-4))
             tokens, specials = layer1_tokens(arch, spans[0], self.l1, max_len, drop)
             timings["layer1_s"] = time.perf_counter() - t
+            if spans[1].hidden is not None and arch.kind == "decoder":
+                pool = dager_hidden.layer2_pool(arch, spans[1], tokens, knowledge.batch_size,
+                                                len(spans[1].hidden) + dager_hidden.MARGIN)
+                extra["solved_l2"] = dager_hidden.solve(spans[1], pool, self.l2) or \
+                    dager_hidden.anchored(arch, spans[1], tokens, knowledge.batch_size, self.l2)
             if arch.kind == "decoder":
                 exact, approx, stopped = decoder_search(arch, spans[1], tokens, knowledge.batch_size, self.l2,
                                                         self.distinct)
@@ -205,23 +230,26 @@ class Dager(Attack):
                   "layer1_tokens": [len(t) for t in tokens]} | timings
         return Reconstruction(texts=texts, extra=extra)
 
-    def _spans(self, view: ServerView, knowledge: Knowledge, arch: Arch, state: dict):
-        """Spans of layers 1 and 2 at the estimated rank, or None when a layer has no visible block."""
+    def _spans(self, view: ServerView, knowledge: Knowledge, arch: Arch, state: dict, weights: dict | None = None):
+        """Spans of layers 1 and 2 at the estimated rank, or None when a layer has no visible block; `weights`:
+        the start weights as the server knows them (dager_hidden.start_weights)."""
+        weights = weights if weights is not None else dager_hidden.start_weights(view, knowledge)[0]
         blocks = []
         for proj in arch.layers[:10]:
             if any(n not in view.values for n in proj.grad_names):
                 break
             flip = (lambda t: t.T) if proj.transpose else (lambda t: t)   # noqa: E731
             grad = torch.cat([flip(knowledge.gradient(view, n)) for n in proj.grad_names])   # rows stacked
-            visible = torch.cat([flip(view.visible[n]) for n in proj.grad_names])
+            visible = torch.cat([flip(view.visible[n]) for n in proj.grad_names]) & ~torch.isnan(grad)
             transform = None
             if proj.lora_a is not None:
-                a_visible = view.visible[proj.lora_a]
+                grad_a = knowledge.gradient(view, proj.lora_a)
+                a_visible = view.visible[proj.lora_a] & ~torch.isnan(grad_a)
                 b_zero = float(state[proj.grad_name].detach().abs().max()) == 0
                 if self.lora_path == "factor-a" or (self.lora_path == "auto" and bool(a_visible.all()) and not b_zero):
-                    grad, visible = knowledge.gradient(view, proj.lora_a), a_visible   # grad A spans the inputs
-                else:                                  # grad B spans {A x}: candidates go through the known A
-                    transform = state[proj.lora_a].detach().float().to(self.device)
+                    grad, visible = grad_a, a_visible   # grad A spans the inputs
+                else:                                  # grad B spans {A x}: candidates go through the start A
+                    transform = weights[proj.lora_a].detach().float()
             block, coords = visible_block(grad, visible)
             blocks.append((block, coords, transform))
         ranks, vectors = [], []
@@ -243,7 +271,12 @@ class Dager(Attack):
         rank = max(1, min(rank, cap))
         spans = []
         for (block, coords, transform), vecs in zip(blocks[:2], vectors[:2]):
+            hidden = None
+            if transform is not None:
+                hidden = dager_hidden.hidden_columns(transform if coords is None else transform[coords])
+                hidden = hidden.to(self.device) if len(hidden) else None
+                transform = torch.nan_to_num(transform, nan=0.0).to(self.device)   # unknown columns start dropped
             span = make_span(vecs.to(self.device), rank, transform,
-                             coords.to(self.device) if coords is not None else None)
+                             coords.to(self.device) if coords is not None else None, hidden)
             spans.append(span)
         return spans, rank, widths, rank >= cap

@@ -33,6 +33,7 @@ class Span:
     rank: int
     transform: torch.Tensor | None = None   # (r, d): candidates are mapped v -> A v first (LoRA grad B)
     coords: torch.Tensor | None = None      # visible input coordinates kept (partial views)
+    hidden: torch.Tensor | None = None      # transform columns the server does not know (attacks/dager_hidden.py)
 
     def distance(self, v: torch.Tensor) -> torch.Tensor:
         """l2 distance of each unit-normalized row of v (..., d_in) to the span, shape (...)."""
@@ -96,9 +97,9 @@ def rank_of(singular: torch.Tensor, shape: tuple[int, int], tol: float | None,
 
 
 def make_span(vectors: torch.Tensor, rank: int, transform: torch.Tensor | None = None,
-              coords: torch.Tensor | None = None) -> Span:
+              coords: torch.Tensor | None = None, hidden: torch.Tensor | None = None) -> Span:
     """Span of the top-`rank` right singular vectors (vectors: (d, d) from `spectrum`)."""
     d = vectors.shape[0]
     if rank <= d // 2:
-        return Span(vectors[:, :rank].float().contiguous(), False, rank, transform, coords)
-    return Span(vectors[:, rank:].float().contiguous(), True, rank, transform, coords)
+        return Span(vectors[:, :rank].float().contiguous(), False, rank, transform, coords, hidden)
+    return Span(vectors[:, rank:].float().contiguous(), True, rank, transform, coords, hidden)

@@ -185,24 +185,48 @@ def test_text_scenarios_fail_at_load_with_one_line(tmp_path, capsys, data_root, 
     assert "seq_len" in capsys.readouterr().err
 
 
+def _lora_upload_run(data_root, defense, rounds=1, lora_r=96, path="auto"):
+    import defenses.shelora  # noqa: F401
+    from bench.federation.budget import parse_label
+    name, params = parse_label(defense)
+    suite = parse_suite({"name": "t", "scenarios": [{
+        "name": "s", "dataset": "sst2-cls", "model": "gpt2-lora", "num_clients": 1, "clients_per_round": 1,
+        "model_params": {"n_embd": 128, "n_head": 4, "lora_r": lora_r}, "rounds": rounds, "attack_round": rounds - 1,
+        "max_train": 40, "max_test": 4, "seq_len": 64, "batch_size": 8, "lr": 0.01, "attack_batch_size": 1,
+        "attack_repeats": 1}],
+        "defenses": [{"name": name, "params": params}], "attacks": [{"name": "dager", "params": {"lora_path": path}}]})
+    [rec] = _run(suite, data_root)
+    return rec
+
+
 @pytest.mark.parametrize("defense,rounds,expect", [("flex-lora", 1, "ok"), ("she-lora(budget=0.05)", 1, "ok"),
+                                                   ("she-lora(budget=0.05, init=server)", 1, "ok"),
                                                    ("plaintext", 2, "ok"), ("she-lora(budget=0.05)", 2, "blocked")])
 def test_lora_factor_uploads(data_root, defense, rounds, expect):
     """Uploads of trained factors (uploads_weights): the attacker subtracts the global weights it sent. In the
-    first round she-lora's plaintext B and the public initial A give DAGER everything; after one aggregation
-    the clients' factors come from decrypted columns, so the server no longer knows the global weights.
-    Plaintext LoRA in its second round (B != 0) is read through grad A."""
-    import defenses.shelora  # noqa: F401
-    name, _, params = defense.partition("(")
-    suite = parse_suite({"name": "t", "scenarios": [{
-        "name": "s", "dataset": "sst2-cls", "model": "gpt2-lora", "num_clients": 1, "clients_per_round": 1,
-        "model_params": {"n_embd": 128, "n_head": 4, "lora_r": 96}, "rounds": rounds, "attack_round": rounds - 1,
-        "max_train": 40, "max_test": 4, "seq_len": 64, "batch_size": 8, "lr": 0.01, "attack_batch_size": 1,
-        "attack_repeats": 1}],
-        "defenses": [{"name": name, "params": {"budget": 0.05} if params else {}}], "attacks": [{"name": "dager"}]})
-    [rec] = _run(suite, data_root)
+    first round she-lora's plaintext B, A's plaintext columns in the upload (the client drew A0, B0 = 0 left A
+    at it) and the 6 hidden columns solved for give DAGER everything; under init = server the server drew A0
+    itself. After one aggregation the clients' factors come from decrypted columns, so the server no longer
+    knows the global weights. Plaintext LoRA in its second round (B != 0) is read through grad A."""
+    rec = _lora_upload_run(data_root, defense, rounds)
     assert rec["status"] == expect, rec["reason"]
     if expect == "ok":
         assert rec["metrics"]["rouge1"] >= 0.99
     else:
         assert "global weights" in rec["reason"]
+    info = (rec["details"].get("attack_info") or [{}])[0]
+    if defense == "she-lora(budget=0.05)" and rounds == 1:   # 6 of 128 columns hidden per matrix, solved
+        assert info["hidden_columns_l1"] == info["hidden_columns_l2"] == 6
+        assert info["solved_l1"] >= 9 and info["solved_l2"] >= 9
+    elif expect == "ok":
+        assert "hidden_columns_l1" not in info
+
+
+def test_client_drawn_a0_blocks_dager_only_when_the_path_needs_what_is_hidden(data_root):
+    """With all of A under CKKS and A0 drawn by the client, the server knows no column of the A that maps
+    grad B back to the inputs (factor-b), and sees no entry of grad A (factor-a). With A mostly in clear the
+    factor-a path is still blocked: grad A needs the A the client started from."""
+    for path, budget, why in (("factor-b", 1.0, "no column of A"), ("factor-a", 1.0, "entirely hidden"),
+                              ("factor-a", 0.05, "grad A needs")):
+        rec = _lora_upload_run(data_root, f"she-lora(budget={budget})", lora_r=4, path=path)
+        assert rec["status"] == "blocked" and why in rec["reason"], rec["reason"]

@@ -24,8 +24,8 @@ KEEP = {
     "rt-costs": None,
     "rt-finetune": ["base", "flex-lora(sigma=0.0)", "she-lora(budget=0.2)"],
     "rt-budget": ["she-lora(budget=0.8, rule=max)"],
-    "sst2-dager-b4": ["flex-lora(sigma=0.0)", "she-lora(budget=0.003)", "she-lora(budget=0.003, init=client)",
-                      "maskcrypt(bytes_ratio=1, match_bytes=she-lora(budget=0.003))"],
+    "sst2-dager-b4": ["flex-lora(sigma=0.0)", "she-lora(budget=0.003, init=server)",
+                      "she-lora(budget=0.003, init=client)", "maskcrypt(bytes_ratio=1, match_bytes=she-lora(budget=0.003))"],
     "rt-polarity-smollm2-lora": ["base", "fedhe-full", "she-lora(budget=0.01)"],
 }
 
@@ -87,13 +87,17 @@ def test_she_lora_paper_slice(tmp_path, data_root, tiny_llama):
     assert "blind_auroc" in tuned["metrics"]
     assert records[("rt-budget", "she-lora(budget=0.8, rule=max)", "no-attack")]["metrics"]["kde_mi_protected"] >= 0
     dager = {(d, a): r for (s, d, a), r in records.items() if s == "sst2-dager-b4"}
-    for path in ("factor-a", "factor-b"):
-        remedy = dager[("she-lora(budget=0.003, init=client)", f"dager(lora_path={path})")]
-        assert remedy["status"] == "blocked" and "draw" in remedy["reason"]
-        first = dager[("she-lora(budget=0.003)", f"dager(lora_path={path})")]
-        assert first["status"] == "ok"
+    # the official clients draw A0 and never send it: grad A needs that A (blocked), grad B is read through A's
+    # plaintext columns in the upload with the one hidden column solved for
+    official = {p: dager[("she-lora(budget=0.003, init=client)", f"dager(lora_path={p})")]
+                for p in ("factor-a", "factor-b")}
+    assert official["factor-a"]["status"] == "blocked" and "grad A needs" in official["factor-a"]["reason"]
+    assert official["factor-b"]["status"] == "ok"
+    assert official["factor-b"]["details"]["attack_info"][0]["hidden_columns_l1"] == 1
+    for path in ("factor-a", "factor-b"):   # the paper's wording: the server drew A0 and knows all of it
+        assert dager[("she-lora(budget=0.003, init=server)", f"dager(lora_path={path})")]["status"] == "ok"
     # while B = 0, grad A is zero: the factor-a path recovers nothing in the first round
-    assert dager[("she-lora(budget=0.003)", "dager(lora_path=factor-a)")]["metrics"]["rouge1"] == 0.0
+    assert dager[("she-lora(budget=0.003, init=server)", "dager(lora_path=factor-a)")]["metrics"]["rouge1"] == 0.0
 
 
 def test_mia_language_slice(tmp_path, data_root, tiny_llama):

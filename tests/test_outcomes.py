@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 VIEW_REASONS = {
     "the server view is empty: every entry is encrypted or kept local": "the view",
     "the server does not know the current global weights (clients decrypt them)": "the key topology",
-    "the server does not know the current global weights (clients decrypt or draw them)":
-        "the key topology, or an initialization the clients draw and never send",
+    "grad A needs the A the client started from, and its clients draw A and never send it":
+        "an initialization the clients draw and never send",
+    "no column of A on the projections DAGER reads is known to the server (drawn by the client and encrypted in "
+    "the upload)": "an initialization the clients draw, and the view",
     "the defense's model does not train the first two layers' projections, so their gradients are not sent":
         "the defense's reparameterized model (adapt_model)",
     "the first two layers' projection gradients are entirely hidden from the server": "the view",

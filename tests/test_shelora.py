@@ -85,22 +85,49 @@ def test_server_view_holds_no_value_of_an_encrypted_column(data):
         assert not any(isinstance(v, (int, float)) for v in view.meta.values())
 
 
-def test_ope_preserves_order_and_the_server_sees_only_ciphertexts_of_positions(data):
+@pytest.mark.parametrize("init", ["client", "server"])
+def test_ope_preserves_order_and_the_server_sees_only_ciphertexts_of_positions(data, init):
+    """The request travels in setup (the official negotiation-only first round) or, under init = "server",
+    in the first upload's meta."""
     cipher = negotiation.OrderCipher(b"0123456789abcdef")
     values = sorted(np.random.default_rng(0).choice(60000, 40, replace=False))
     cts = cipher.positions(values)
     assert cts == sorted(cts) and len(set(cts)) == 40 and cipher.open_positions(cts) == [int(v) for v in values]
-    fed, defense, uploads, _, _ = one_round(data)
-    sent = [u for u in uploads if "she-lora negotiation (OPE)" in u.payload.meta]
-    assert len(sent) == 4
+    fed, defense, uploads, _, _ = one_round(data, init=init)
+    in_meta = [u.payload.meta["she-lora negotiation (OPE)"] for u in uploads if u.payload.meta]
+    in_setup = [m.data for c in fed.clients for r, what, m in fed.traffic.sent_in_clear(c.name, "server")
+                if what == "she-lora negotiation (OPE)" and r == -1]
+    assert (len(in_setup), len(in_meta)) == ((4, 0) if init == "client" else (0, 4))
     for layer in defense.layers:
         server = defense.server_order[layer.a]
         assert len(server) == 9 and all(p >= 2 ** 16 for p in server)      # ciphertexts, not positions
         assert cipher_of(fed).open_positions(server) == defense.order[layer.a]
-    blob = sent[1].payload.meta["she-lora negotiation (OPE)"]
+    blob = (in_setup or in_meta)[1]
     size = int.from_bytes(blob[:4], "big")
     positions, scores = negotiation.decode_message(blob[4:4 + size])
     assert len(positions) == 3 and all(p >= 2 ** 16 for p in positions + scores)
+
+
+def test_official_schedule_clients_draw_their_own_a0_and_the_server_sees_its_plaintext_columns(data):
+    """init = "client": each client's A0 is its own draw, hidden from the server's initial model; a first step
+    from B0 = 0 leaves A = A0, so the upload shows A0's plaintext columns; init = "server" uses the model's A0."""
+    fed, defense, uploads, trained, _ = one_round(data)
+    layer = defense.layers[0]
+    a0 = [defense._drawn(fed, c)[layer.a] for c in fed.clients]
+    assert not torch.allclose(a0[1], a0[2]) and defense.hidden_initial(fed)[layer.a].all()
+    assert not torch.allclose(a0[1], fed.params()[layer.a])
+    server_fed, server_def, *_ = one_round(data, init="server")
+    assert not server_def.hidden_initial(server_fed) and not server_def._drawn(server_fed, server_fed.clients[0])
+    gen = torch.Generator().manual_seed(0)
+    c = fed.clients[1]
+    step = local_update(fed, c, c.x[:4], c.y[:4], "gradient", gen)           # one FedSGD step from B0 = 0
+    assert float(step[layer.a].abs().max()) == 0.0
+    view = ServerView.of(weighted_uploads(fed, defense, {x.name: step for x in fed.clients})[1], fed.shapes)
+    seen = view.visible[layer.a][: defense.ranks[c.name]]
+    hidden = defense.order[layer.a][: defense.ks[c.name]]
+    assert not seen[:, hidden].any() and seen.sum(1).eq(defense.n - len(hidden)).all()
+    r = defense.ranks[c.name]
+    assert torch.equal(view.values[layer.a][:r][seen].float(), a0[1][:r][seen])
 
 
 def cipher_of(fed):

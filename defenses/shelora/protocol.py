@@ -1,35 +1,52 @@
 """The she-lora and flex-lora defenses: the hooks that run SHE-LoRA's rounds in the federation engine.
 
-setup        keys (shared client key; the server's public context has galois keys, no secret),
-             the OPE key, each client's rank r_i and budget gamma_i from its device (the server
-             keeps both, appendix D.1.2); each client's LoRA is cut to its rank.
-round_start  first round only: HE subset negotiation over OPE (negotiation.py) from each client's
-             column importance at its trained adapter on `calibration` of its own sequences.
-encode       the client's trained factors: B_i and the swapped plaintext columns of A_i in clear,
-             its first k_i negotiated columns as CKKS blocks; its OPE request rides in meta.
-aggregate    column-aware: sum_i w_i B_i A_i^plain over each plaintext column, sum_i w_i B_i
-             A_i^cipher under HE; SVD of the plaintext part (sliced to the largest rank).
-decode/merge every client decrypts, merges (eq. 4) and re-factors to its rank (client.local);
-             the engine's global model is the same merge at the model's rank.
-Remedy (`init = "client"`): LoRA's B starts at 0, so a first-round FedSGD upload of B is -lr G (A0 X)^T,
-sent in clear, and with the usual init the server drew A0 itself: DAGER reads the batch through
-it (attacks/dager.py, lora_path "factor-b"). With init = "client" the clients draw A0 from a seed
-they share beside the HE key and never send it; the aggregation server then knows no A from the
-start (Defense.hidden_initial), the paper's premise that it cannot map grad B back to the inputs.
-Server estimate: after the last round the aggregation server holds the plaintext columns' sum
-(its SVD travels in meta), so it can rebuild the masked model of table 14; membership attacks use
-it (Defense.server_estimate), the paper's "MIAs based on unencrypted parameters" (appendix F.4).
-Per-layer shapes: each adapted matrix has its own outputs m (SmolLM2: q_proj 576, v_proj 192) and
-block width; all must share the input width n, since budgets count A's columns.
-Choices: the wire carries factors, not deltas, as the paper and the authors' code do, so an
-attack's view holds the uploaded adapter (in swapped column order). Trainable entries outside
-the adapters (a sequence-classification head) travel in clear and are averaged (FedAvg), as a
-classifier fine-tuned with LoRA is in the paper's DAGER experiments. Every client receives all
-aggregated blocks (the exact FedAvg of Delta W) rather than the paper's truncation to its own
-budget. Budgets: k_i = max(min_columns, floor(n * gamma_i)) columns per layer when gamma_i > 0,
-so a budget below one column still encrypts one (the tiny model has n = 64 columns). A block
-holds `chunk` columns (the authors' 4) or fewer where the server's product needs it: chunk * m
-must fit N/2 = 4096 slots, so at GPT-2's m = 2304 each column is its own block.
+Initialization and round schedule (`init`):
+- "client" (default): as the authors' Flower clients run it (icloudsheep/SHE-LoRA @ cfcf289,
+  flowertune_llm/client_app.py FlowerClient.fit). Each client builds its own fresh PEFT adapter (A0 drawn by
+  the client, B0 = 0), shares no seed and never sends A0. Its first round is negotiation only: it scores A's
+  columns at that fresh adapter on calibration data and returns no parameters, only the OPE'd scores. Here
+  that round runs in setup (the engine's round -1), so the engine's round r is the official round r + 2 and
+  round 0 is the first upload. The server never learns the A a client starts from (hidden_initial), but every
+  upload shows it A's plaintext columns, and with B0 = 0 a first step leaves A = A0: it lacks k of n columns.
+- "server": the paper's wording, the server distributes A0 (the engine's initial model) and the first round
+  negotiates (round_start: importance at the trained adapter, the OPE request in that upload's meta) and
+  uploads. The former default, kept so the rows computed with it read as they were.
+Hooks: setup (keys, ranks r_i and budgets from each client's device, appendix D.1.2; LoRA cut to r_i);
+encode (B_i and the swapped plaintext columns of A_i in clear, the first k_i negotiated columns as CKKS
+blocks); aggregate (sum_i w_i B_i A_i^plain per plaintext column, sum_i w_i B_i A_i^cipher under HE, SVD of
+the plaintext part); decode/merge (each client decrypts, merges, eq. 4, and re-factors to its rank).
+
+What follows the official code: factors on the wire, the upload split (the negotiated columns swapped to
+A's end, k in CKKS blocks of `chunk` columns, the rest of A and all of B in clear: tests/test_shelora_parity.py
+checks it against outputs recorded from the code's get_plain_cipher), the server's B_i A_i^cipher product.
+What follows the paper where the code differs (stated here, not copied):
+- importance sum_k |A_kj| ||x_j|| (section 3.1.1); the code (wasens/sensitivity.py) takes |sum_k A_kj ||x_j|| |,
+  which at a fresh adapter weighs ||x_j|| by a random |sum_k A_kj|;
+- budgets as fractions gamma_i of n (k_i below); the code's config lists column counts (config.yaml he_budget)
+  and its server sends every client the largest;
+- Algorithm 1's (a, b) by an exhaustive grid (negotiation.py); the code runs skopt's Bayesian optimization;
+- FedAvg of Delta W: weights w_i on plaintext and encrypted columns alike; the code sums the encrypted
+  products unweighted and each client scales a block by 1 / (clients that sent it) (she/ckks_server.py
+  aggregate_ckks_tensors, utils/client_utils.py decode_ciphers), while its plaintext part is weighted, so its
+  aggregate is not FedAvg;
+- one A0 per client for scoring and the first training; the code builds a fresh adapter at each of its first
+  two rounds (get_model in every fit) from an RNG it does not seed;
+- the swap keeps untouched columns in order (lora.swap_order); the code swaps in sequence (she/ckks_client.py
+  exchange_columns), which differs only in where untouched tail columns land, except when a chosen column
+  is a tail slot an earlier swap filled: then the code leaves it in clear (a recorded case in the parity test);
+  our blocks take the negotiated list from its start, the code's the tail left to right (same count and widths).
+Remedy against the "server" variant's first-round leak: grad B = -lr G (A0 X)^T travels in clear, and a
+server that drew A0 maps it back to the inputs (attacks/dager.py, lora_path "factor-b"); under "client" it
+knows A0's plaintext columns only (DAGER solves for the k others, attacks/dager_hidden.py).
+Server estimate: after the last round the aggregation server holds the plaintext columns' sum (its SVD in
+meta) and rebuilds table 14's masked model; membership attacks use it (Defense.server_estimate), the paper's
+"MIAs based on unencrypted parameters" (appendix F.4).
+Per-layer shapes: each adapted matrix has its outputs m (SmolLM2: q_proj 576, v_proj 192) and block width;
+all share the input width n, since budgets count A's columns. Trainable entries outside the adapters (a
+classification head) travel in clear and are averaged. Every client receives all aggregated blocks (the
+exact FedAvg of Delta W) rather than the paper's truncation to its own budget. Budgets: k_i = max(min_columns,
+floor(n * gamma_i)) columns per layer when gamma_i > 0. A block holds `chunk` columns (the authors' 4) or
+fewer where chunk * m must fit N/2 = 4096 slots (GPT-2's m = 2304: one column a block).
 """
 from __future__ import annotations
 
@@ -40,15 +57,14 @@ import numpy as np
 import torch
 
 from bench.crypto.params import KeyMaterial
-from bench.federation.state import set_entries
 from bench.protocol.defense import Defense
 from bench.protocol.evidence import run_metric
 from bench.protocol.wire import CipherPart, Payload, PlainPart
 from bench.registry import DEFENSES
-from defenses.shelora import he, lora, negotiation
+from defenses.shelora import he, lora, measure, negotiation
 
 RULES = ("max", "min", "random")
-INITS = ("server", "client")
+INITS = ("client", "server")
 
 run_metric("perplexity_true", "", True, "utility", "SHE-LoRA Table 14: perplexity of the base model plus the decrypted "
            "aggregated Delta W", fmt="{:.1f}")
@@ -65,7 +81,7 @@ class SheLoRA(Defense):
     decodes_weighted_sum = False   # aggregates Delta W = B A column-aware, then SVD back to each client's rank
 
     def __init__(self, budget: float | None = None, rule: str = "max", chunk: int = 4, calibration: int = 128,
-                 min_columns: int = 1, sigma: float = 0.0, init: str = "server") -> None:
+                 min_columns: int = 1, sigma: float = 0.0, init: str = "client") -> None:
         if budget is not None and not 0.0 <= budget <= 1.0:
             raise ValueError(f"budget must be in [0, 1] (a fraction of A's columns), got {budget}")
         if rule not in RULES:
@@ -123,25 +139,26 @@ class SheLoRA(Defense):
                 c.party.keys["ope"] = KeyMaterial("ope", b"", ope_key, {})
                 fed.send("key-server", c.name, "ckks context and OPE key", len(self.key.secret) + len(ope_key))
         start = fed.params()
-        if self.opt["init"] == "client":
-            start = self._client_init(fed, start)
         for c in fed.clients:
-            c.local = {n: t.clone() for n, t in start.items()}
+            c.local = {n: t.clone() for n, t in (start | self._drawn(fed, c)).items()}
             for layer in self.layers:
                 c.local[layer.a][self.ranks[c.name]:] = 0.0
                 c.local[layer.b][:, self.ranks[c.name]:] = 0.0
         self.order: dict[str, list[int]] | None = None
         self.requests: dict[str, bytes] = {}
         self.costs: dict[str, list] = {}
+        if self.opt["init"] == "client":   # the official first round: negotiation only, no upload
+            self._negotiate(fed, fed.clients, {c.name: c.local for c in fed.clients}, in_setup=True)
 
-    def _client_init(self, fed, start: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The remedy for the first round: clients draw A0 from a seed they share beside the HE key (never
-        sent), U(-1/sqrt(n), 1/sqrt(n)) as peft's default init; B0 stays 0, so the model is unchanged."""
-        gen = torch.Generator().manual_seed(int(np.random.default_rng([fed.scenario.seed, 0xA0]).integers(2 ** 62)))
+    def _drawn(self, fed, client) -> dict[str, torch.Tensor]:
+        """init "client": the client's own A0 (its own seed, never sent), U(-1/sqrt(n), 1/sqrt(n)) as peft's
+        default init; B0 stays 0, so the model is unchanged. init "server": none (the initial model's A0)."""
+        if self.opt["init"] != "client":
+            return {}
+        seed = np.random.default_rng([fed.scenario.seed, client.index, 0xA0]).integers(2 ** 62)
+        gen = torch.Generator().manual_seed(int(seed))
         bound = 1.0 / np.sqrt(self.n)
-        drawn = {layer.a: (torch.rand(fed.shapes[layer.a], generator=gen) * 2 - 1) * bound for layer in self.layers}
-        set_entries(fed.model, drawn)
-        return start | drawn
+        return {layer.a: (torch.rand(fed.shapes[layer.a], generator=gen) * 2 - 1) * bound for layer in self.layers}
 
     def hidden_initial(self, fed) -> dict[str, torch.Tensor]:
         if self.opt["init"] != "client":
@@ -156,14 +173,19 @@ class SheLoRA(Defense):
 
     # -- negotiation ---------------------------------------------------------------------------------
     def round_start(self, fed, round: int, clients: list, updates: dict) -> None:
-        if self.order is not None:
-            return
+        """init "server": the first round negotiates from the trained adapters (init "client" did in setup)."""
+        if self.order is None:
+            self._negotiate(fed, clients, {c.name: self._trained(fed, c, updates[c.name]) for c in clients})
+
+    def _negotiate(self, fed, clients: list, adapters: dict, in_setup: bool = False) -> None:
+        """Each client scores A's columns at its adapter (`adapters`: its parameters) and sends its OPE'd request
+        (in setup as a message, else in its next upload's meta); the server runs Algorithm 1 on OPE values."""
         if not any(self.ks[c.name] for c in clients):
             self.order = {layer.a: [] for layer in self.layers}
             return
         per_layer: dict[str, list] = {layer.a: [] for layer in self.layers}
         for c in clients:
-            trained = self._trained(fed, c, updates[c.name])
+            trained = adapters[c.name]
             model = fed.new_model()
             state = dict(model.named_parameters())
             with torch.no_grad():
@@ -180,7 +202,11 @@ class SheLoRA(Defense):
                 pos, sc = cipher.positions(cols), cipher.scores(score[cols])
                 blobs.append(negotiation.encode_message(pos, sc))
                 per_layer[layer.a].append((self.ks[c.name], pos, sc))
-            self.requests[c.name] = b"".join(len(b).to_bytes(4, "big") + b for b in blobs)
+            request = b"".join(len(b).to_bytes(4, "big") + b for b in blobs)
+            if in_setup:
+                fed.send(c.name, "server", "she-lora negotiation (OPE)", request)
+            else:
+                self.requests[c.name] = request
         wire = {a: negotiation.negotiate(reqs) for a, reqs in per_layer.items()}   # server: OPE values only
         self.server_order = wire
         self.order = {}
@@ -332,45 +358,12 @@ class SheLoRA(Defense):
             return {}
         return self._refactor(fed, self.last[0], None, self.r_max)
 
-    # -- measurements --------------------------------------------------------------------------------
+    # -- measurements (measure.py) ------------------------------------------------------------------
     def run_metrics(self, fed) -> dict:
-        per_type = {t: {"upload_bytes": float(np.mean([c[0] for c in v])), "cipher_bytes": float(np.mean([c[1] for c in v])),
-                        "encrypt_s": float(np.mean([c[2] for c in v]))} for t, v in sorted(self.costs.items())}
-        out: dict = {"she_lora": {"ranks": dict(self.ranks), "columns": dict(self.ks), "by_device": per_type,
-                                  "order": {a: list(v) for a, v in (self.order or {}).items()}}}
-        if hasattr(self, "last") and fed.data.task == "causal-lm":     # table 14 is about language modelling
-            aggregate, party = self.last
-            out["perplexity_true"] = self._perplexity(fed, self.delta_w(fed, aggregate, party))
-            out["perplexity_masked"] = self._perplexity(fed, self.delta_w(fed, aggregate, None))
-        return out
+        return measure.run_metrics(self, fed)
 
     def delta_w(self, fed, aggregate: Payload, party) -> dict:
-        """The aggregated Delta W of every layer in original column order, as a key holder decrypts it;
-        party None: only the plaintext part, what the aggregation server can use (encrypted columns as 0)."""
-        out = {}
-        decrypted = self._decrypted(fed, aggregate, party)
-        for layer in self.layers:
-            (b_p, a_p), cols, swap = self._delta_w(aggregate, decrypted, layer)
-            w = np.zeros((self.m[layer.a], self.n))
-            w[:, : a_p.shape[1]] = b_p @ a_p
-            if cols.shape[1]:
-                w[:, self.n - cols.shape[1]:] += cols
-            out[layer] = np.zeros_like(w)
-            out[layer][:, swap] = w
-        return out
-
-    def _perplexity(self, fed, delta: dict) -> float:
-        """Perplexity of the base model plus scaling * Delta W per layer (LoRA factors zeroed)."""
-        model = fed.new_model()
-        modules = dict(model.named_modules())
-        state = dict(model.named_parameters())
-        with torch.no_grad():
-            for layer, w in delta.items():
-                mod = modules[layer.module]
-                state[layer.b].zero_()
-                step = torch.from_numpy(w).float()   # m x n = nn.Linear's (out, in); GPT-2's Conv1D stores (in, out)
-                mod.base_layer.weight += float(mod.scaling["default"]) * (step.T if mod.fan_in_fan_out else step)
-        return float(fed.task.evaluate(model, fed.data.test_x, fed.data.test_y)["perplexity"])
+        return measure.delta_w(self, fed, aggregate, party)
 
 
 @DEFENSES.register("flex-lora", "Flex-LoRA: heterogeneous-rank LoRA, plaintext Delta W aggregation and SVD "
@@ -381,5 +374,5 @@ class FlexLoRA(SheLoRA):
     key_topology = "none"
 
     def __init__(self, sigma: float = 0.0) -> None:
-        super().__init__(budget=0.0, sigma=sigma)
+        super().__init__(budget=0.0, sigma=sigma, init="server")   # Flex-LoRA's server sends the initial adapters
         self.params = {"sigma": sigma}
