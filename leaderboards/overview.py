@@ -43,7 +43,8 @@ def _headline(recs: list[dict[str, Any]], schema) -> str | None:
     return ranked[0] if ranked else None
 
 
-def _family_cell(mine: list[tuple[dict, dict]], key: str, shown, banded: list[str], schema) -> dict[str, Any]:
+def _family_cell(mine: list[tuple[dict, dict]], key: str, shown, banded: list[str], schema,
+                 unjudged: list[tuple[dict, dict]] = ()) -> dict[str, Any]:
     ok = [(e, r) for e, r in mine if r["status"] == "ok" and is_number(r["metrics"].get(key))]
     if ok:
         pick = min if shown.lower_is_better is False else max
@@ -61,6 +62,9 @@ def _family_cell(mine: list[tuple[dict, dict]], key: str, shown, banded: list[st
         floor = -1e300 if shown.lower_is_better is not False else 1e300
         return {"text": "blocked", "sort": floor, "by": "",
                 "verdict": Verdict("blocked", "blocked by design", mine[0][1]["reason"]), **_where(*mine[0])}
+    if unjudged:   # measured only by attacks that fail on (or lack) the undefended row of their scenario
+        return {"text": "no verdict", "sort": "", "by": "", **_where(*unjudged[0]), "verdict": Verdict(
+            "", "no verdict", "no attack of this family breaks the undefended row of a scenario this defense ran in")}
     return {"text": "not run", "sort": "", "verdict": Verdict("", "not run"), "by": "", "href": ""}
 
 
@@ -130,13 +134,14 @@ def _judged(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
 def overview(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """entries: one per suite directory, {"name": directory, "records": [...]}. The front page's table."""
+    everything = [(e, r) for e in entries for r in e["records"]]
     pairs = [(e, r) for e in entries for r in _judged(e)]
-    schema = schema_of([r for _, r in pairs])
-    fams = {family(r) for _, r in pairs} - {"reference", ""}
+    schema = schema_of([r for _, r in everything])
+    fams = {family(r) for _, r in everything} - {"reference", ""}
     fams = sorted(fams, key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 9, f))
     columns = []
     for fam in fams:
-        recs = [r for _, r in pairs if family(r) == fam]
+        recs = [r for _, r in everything if family(r) == fam]
         key = _headline(recs, schema)
         if key is None:
             continue
@@ -148,10 +153,12 @@ def overview(entries: list[dict[str, Any]]) -> dict[str, Any]:
                         "direction": "desc" if schema[key].lower_is_better is False else "asc"})
     utility, he = _utility(pairs, schema), _he(pairs)
     rows = []
-    for name in sorted({r["defense"] for _, r in pairs}):
+    for name in sorted({r["defense"] for _, r in everything}):
         mine = [(e, r) for e, r in pairs if r["defense"] == name]
+        unjudged = [(e, r) for e, r in everything if r["defense"] == name and (e, r) not in mine]
         cells = [_family_cell([(e, r) for e, r in mine if family(r) == c["family"]], c["key"], c["shown"], c["banded"],
-                              schema) for c in columns]
+                              schema, [(e, r) for e, r in unjudged if family(r) == c["family"]]) for c in columns]
+        mine = mine or unjudged   # a defense measured only by uncalibrated attacks keeps its row (no verdict)
         labels = sorted({(r["suite"], r["scenario"], defense_label(r)) for _, r in mine})   # ties: stable pick
         costs = [utility[k] for k in labels if k in utility]
         hes = [he[k] for k in labels if k in he]

@@ -123,3 +123,12 @@ def test_a_malicious_server_attack_forms_its_own_columns():
     assert core["columns"][1]["key"] == "images_recovered"
     he = dict(zip(["idlg", "imprint"], next(r for r in core["rows"] if r["name"] == "he")["cells"]))
     assert he["idlg"]["verdict"].text == "image not recovered" and he["imprint"]["verdict"].text == "image recovered"
+
+
+def test_across_suites_a_defense_judged_only_by_uncalibrated_attacks_keeps_its_row():
+    from leaderboards.overview import overview
+
+    records = [rec("mask", "ilrg", label_acc=1.0, accuracy=0.9)]   # no undefended row in its scenario
+    board = overview([{"name": "t", "records": records, "infos": {"t": INFO}}])
+    row = next(r for r in board["rows"] if r["name"] == "mask")
+    assert row["cells"][0]["verdict"].text == "no verdict"
