@@ -87,12 +87,12 @@ def _independent(v: torch.Tensor, tol: float = 1e-4) -> int:
 def _distinct(v: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
     """Rows of v, each kept unless it lies within tol (relative) of an earlier kept row."""
     unit = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    close = torch.cdist(unit, unit) < tol
+    close = (torch.cdist(unit, unit) < tol).cpu()
     keep = torch.ones(len(v), dtype=torch.bool)
     for i in range(len(v)):
         if keep[i]:
             keep[i + 1:] &= ~close[i, i + 1:]
-    return v[keep]
+    return v[keep.to(v.device)]
 
 
 def _dist(mapped, r, u, wt) -> torch.Tensor:

@@ -19,7 +19,7 @@ from bench.run.spec import parse_suite
 from tests.conftest import run_every_cell
 
 SLICE = {"rounds": 1, "attack_round": 0, "local_epochs": 1, "attack_repeats": 1}
-# per scenario: the defenses the slice keeps (every kind of row once: HE, plaintext, the remedy, budget matching)
+# per scenario: the defenses the slice keeps (every kind of row once: HE, plaintext, both SHE-LoRA inits, budget matching)
 KEEP = {
     "rt-costs": None,
     "rt-finetune": ["base", "flex-lora(sigma=0.0)", "she-lora(budget=0.2)"],

@@ -92,7 +92,7 @@ class Defense(Configurable):
 
     def hidden_initial(self, fed) -> dict[str, torch.Tensor]:
         """Boolean masks of initial-model entries the clients draw themselves (after setup) and never send, so
-        the aggregation server does not know them from the start (e.g. a client-seeded LoRA initialization)."""
+        the aggregation server does not know them from the start (e.g. SHE-LoRA's client-drawn LoRA A)."""
         return {}
 
     def server_estimate(self, fed) -> dict[str, torch.Tensor]:
