@@ -50,9 +50,16 @@ def paper_slice(suite: str, keep=lambda scenario: True):
             table["defenses"] = table["defenses"][:KEEP[suite] - 1] + table["defenses"][-1:]
     for table in data["defenses"]:
         table["params"] = {**table.get("params", {}), **DEFENSE_PARAMS.get(table["name"], {})}
+    seen = set()   # the slice's shared overrides can make two tables one setting: a suite refuses that twice
+    data["defenses"] = [t for t in data["defenses"] if not (repr((t["name"], sorted(t["params"].items()),
+                                                                  t.get("sweep"))) in seen
+                                                            or seen.add(repr((t["name"], sorted(t["params"].items()),
+                                                                              t.get("sweep")))))]
     for table in data["attacks"]:
         table["params"] = {**table.get("params", {}), **ATTACK_PARAMS.get(table["name"], {})}
     data["name"] = f"{suite}-slice"
+    data.pop("figures", None)   # they name scenarios the slice leaves out, which a suite refuses at load
+    data.pop("paper", None)
     return data, parse_suite(data, f"{suite} slice")
 
 
