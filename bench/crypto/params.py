@@ -280,6 +280,7 @@ class RunningSum:
 
     def fold(self, blobs: list[bytes], name: str) -> None:
         role = self.role
+        self._open()
         if self.count + 1 > role.max_summands:
             raise CryptoError(role.party, _headroom(self.count + 1, role.max_summands))
         if self.first is not None and len(blobs) != len(self.totals):
@@ -303,10 +304,20 @@ class RunningSum:
         self.count += 1
 
     def blobs(self) -> list[bytes]:
-        """The framed sum of every upload folded so far."""
+        """The framed sum of every upload folded, handed over once: each chunk's running total is released as it is
+        serialized, so the sum and its bytes are not both held whole."""
         if not self.count:
             raise CryptoError(self.role.party, "received no uploads to add")
-        return [frame(self.role.fingerprint, self.role._dump(acc)) for acc in self.totals]
+        self._open()
+        totals, self.totals = self.totals[::-1], None
+        out = []
+        while totals:
+            out.append(frame(self.role.fingerprint, self.role._dump(totals.pop())))
+        return out
+
+    def _open(self) -> None:
+        if self.totals is None:
+            raise CryptoError(self.role.party, "this sum was already handed over; start another with running()")
 
 
 class Decryptor(_Role):
