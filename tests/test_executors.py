@@ -126,6 +126,15 @@ def test_a_killed_ray_run_resumes_without_recomputing_finished_cells(ray_session
         assert after[cell_id]["environment"]["run_id"] != before.get(cell_id, {}).get("environment", {}).get("run_id")
 
 
+@pytest.mark.parametrize("kind", ["local", "process", "ray"])
+def test_a_rerun_with_nothing_left_starts_no_executor(kind, grid, tmp_path):
+    """An executor named by the run but never started (every group done) is not closed either."""
+    suite = load_suite(str(grid))
+    assert run_suite(suite, tmp_path, only="tiny-0/plaintext").failed == 0
+    again = run_suite(suite, tmp_path, only="tiny-0/plaintext", executor=kind, workers=None if kind == "local" else 2)
+    assert (again.skipped, again.ok, again.failed) == (2, 0, 0)
+
+
 def _crash(cells, data_root, run_id, on_round=None):
     """A worker that dies mid-task."""
     os._exit(3)
