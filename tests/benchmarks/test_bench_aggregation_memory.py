@@ -39,8 +39,7 @@ print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxr
 
 
 def _peak(clients: int, width: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LEAKBENCH_HE_WORKERS": "1",
-           "LEAKBENCH_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "LEAKBENCH_HE_WORKERS": "1"}
     done = subprocess.run([sys.executable, "-c", RUN, str(clients), str(width)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
