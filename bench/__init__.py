@@ -19,6 +19,7 @@ _API = {
     "dense_payload": "bench.protocol.wire", "hybrid_payload": "bench.protocol.payloads",
     "encrypt_part": "bench.protocol.payloads", "pack": "bench.protocol.payloads", "unpack": "bench.protocol.payloads",
     "sum_plain": "bench.protocol.payloads", "sum_cipher": "bench.protocol.payloads",
+    "Aggregation": "bench.protocol.aggregation", "RunningSum": "bench.protocol.aggregation",
     "provision": "bench.crypto.keys",
     # what travels and what the server sees
     "Payload": "bench.protocol.wire", "PlainPart": "bench.protocol.wire", "CipherPart": "bench.protocol.wire",

@@ -133,7 +133,8 @@ def _run(args) -> int:
             f"{limits.cells:,} cells, {limits.scenarios:,} scenarios); the selected cells follow")
     _refusals()                             # plugins the suite does not name: the run goes on without them
     check_suite_data(suite, args.data_root, args.only)   # what is installed: for the selected cells only
-    suite = preflight(suite, args.data_root, args.only)   # without the grid points a defense cannot apply to (n/a)
+    # without the grid points a defense cannot apply to (shown n/a); a dry run builds models without weights
+    suite = preflight(suite, args.data_root, args.only, weights=not args.dry_run)
     check_out(args.out)
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
                         force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,
@@ -286,14 +287,15 @@ def _main(argv: list[str] | None) -> int:
         return 2
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Bad input, reported in one line with exit status 2 (imported late: `list` must not load torch)."""
-    from bench.data.loading import DataError
-    from bench.federation.scenario import SpecError
-    from bench.protocol.contracts import ContractError
-    from bench.run.store import StoreError
+USER_ERRORS = {"bench.data.loading": "DataError", "bench.federation.scenario": "SpecError",
+               "bench.protocol.contracts": "ContractError", "bench.run.store": "StoreError"}
 
-    return (SpecError, StoreError, DataError, UnknownName, PluginError, ContractError, FileNotFoundError, ValueError)
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Bad input, reported in one line with exit status 2. An error class whose module was never imported cannot
+    have been raised, so only loaded modules are asked: a failing `list` or `compare` does not load torch."""
+    loaded = tuple(getattr(sys.modules[m], name) for m, name in USER_ERRORS.items() if m in sys.modules)
+    return loaded + (UnknownName, PluginError, FileNotFoundError, ValueError)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ import numpy as np
 import torch
 
 from bench.federation.accounting import RdpLedger, noise_for_epsilon
-from bench.protocol.defense import Defense, Party
+from bench.protocol.aggregation import Aggregation
+from bench.protocol.defense import Defense, Party, running_aggregate
 from bench.protocol.wire import Payload, PlainPart, Upload
 from bench.registry import DEFENSES
 
@@ -145,7 +146,15 @@ class DPFedAvg(Defense):
 
     def aggregate(self, fed, uploads: list[Upload], server: Party) -> Payload:
         fixed = [replace(up, weight=1.0 / fed.scenario.clients_per_round) for up in uploads]
-        aggregate = self.inner.aggregate(fed, fixed, server)
+        return self._central_noise(fed, server, self.inner.aggregate(fed, fixed, server))
+
+    def start_aggregate(self, fed, server: Party) -> Aggregation | None:
+        """The inner defense's running aggregate, fed each upload at weight 1/W and noised once the round is in;
+        None (the list path) when the inner defense aggregates a list."""
+        inner = running_aggregate(self.inner, fed, server)
+        return None if inner is None else _Reweighted(self, fed, server, inner)
+
+    def _central_noise(self, fed, server: Party, aggregate: Payload) -> Payload:
         if self.local_noise:
             return aggregate
         std, rng = self._z(fed) * self.clip / fed.scenario.clients_per_round, _rng(fed, server)
@@ -193,6 +202,19 @@ class DPFedAvg(Defense):
             raise RuntimeError(f"dp: noise requested in round {fed.round} but the ledger accounted "
                                f"{0 if self.ledger is None else self.ledger.steps} rounds")
         return self.ledger.noise_multiplier
+
+
+class _Reweighted(Aggregation):
+    """DP-FedAvg's aggregate as uploads arrive: the inner running aggregate at weight 1/W, then the central noise."""
+
+    def __init__(self, dp: DPFedAvg, fed, server: Party, inner: Aggregation):
+        self.dp, self.fed, self.server, self.inner = dp, fed, server, inner
+
+    def fold(self, upload: Upload) -> None:
+        self.inner.fold(replace(upload, weight=1.0 / self.fed.scenario.clients_per_round))
+
+    def result(self) -> Payload:
+        return self.dp._central_noise(self.fed, self.server, self.inner.result())
 
 
 @DEFENSES.register("dp-fedavg-local", "user-level DP-FedAvg, distributed noise: each client adds "

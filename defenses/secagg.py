@@ -14,10 +14,13 @@ Client masking time is reported as he_encrypt_s and the server's ring sum as he_
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
 from bench.crypto import masking
+from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import Defense
 from bench.protocol.wire import CipherPart, Message, Payload, PlainPart, Upload, WireError
 from bench.registry import DEFENSES
@@ -59,21 +62,39 @@ class SecAgg(Defense):
         layout = tuple((n, np.ones(int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1, bool)) for n in fed.names)
         return Payload(cipher=(CipherPart(SCHEME, (blob,), layout, int(values.size)),))
 
-    def aggregate(self, fed, uploads: list[Upload], server) -> Payload:
-        vectors = []
-        for up in uploads:
-            if len(up.payload.cipher) != 1 or up.payload.cipher[0].scheme != SCHEME:
-                raise WireError(up.sender, f"a secagg upload is one {SCHEME} part")
-            part = up.payload.cipher[0]
-            part.check(up.sender, fed.shapes)
-            if len(part.blobs[0]) != 8 * part.length:
-                raise WireError(up.sender, f"the masked vector has {len(part.blobs[0])} bytes for {part.length} values")
-            vectors.append(np.frombuffer(part.blobs[0], dtype="<u8"))
-        if sorted(c.index for c in fed.clients if c.name in {u.sender for u in uploads}) != self.participants:
+    def start_aggregate(self, fed, server) -> Aggregation:
+        """The ring sum as uploads arrive: one running vector mod 2^64, whatever the number of clients."""
+        return _RingSum(self, fed)
+
+
+class _RingSum(Aggregation):
+    """The server's sum mod 2^64 (bench/crypto/masking.py's ring_sum), one upload at a time."""
+
+    def __init__(self, defense: SecAgg, fed):
+        self.defense, self.fed, self.total, self.senders, self.seconds = defense, fed, None, set(), 0.0
+
+    def fold(self, up: Upload) -> None:
+        if len(up.payload.cipher) != 1 or up.payload.cipher[0].scheme != SCHEME:
+            raise WireError(up.sender, f"a secagg upload is one {SCHEME} part")
+        part = up.payload.cipher[0]
+        part.check(up.sender, self.fed.shapes)
+        if len(part.blobs[0]) != 8 * part.length:
+            raise WireError(up.sender, f"the masked vector has {len(part.blobs[0])} bytes for {part.length} values")
+        vector = np.frombuffer(part.blobs[0], dtype="<u8")
+        started = time.perf_counter()
+        with np.errstate(over="ignore"):
+            self.total = vector.astype(masking.RING) if self.total is None else self.total + vector
+        self.seconds += time.perf_counter() - started
+        self.senders.add(up.sender)
+
+    def result(self) -> Payload:
+        fed = self.fed
+        if sorted(c.index for c in fed.clients if c.name in self.senders) != self.defense.participants:
             raise WireError("the aggregation server", "an announced participant sent no upload; without dropout "
                                                       "recovery the masks do not cancel")
-        with fed.meter.time("he_aggregate_s"):
-            total = masking.decode(masking.ring_sum(vectors))
+        started = time.perf_counter()
+        total = masking.decode(self.total)
+        fed.meter.charge("he_aggregate_s", self.seconds + time.perf_counter() - started)
         plain, offset = {}, 0
         for n in fed.names:
             size = int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1

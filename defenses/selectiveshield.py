@@ -40,9 +40,10 @@ import torch
 
 from bench.crypto.keys import provision
 from bench.federation.accounting import RdpLedger, noise_for_epsilon
+from bench.protocol.aggregation import Aggregation, CipherSum
 from bench.protocol.defense import Defense
 from bench.protocol.evidence import run_metric
-from bench.protocol.payloads import hybrid_payload, sum_cipher
+from bench.protocol.payloads import hybrid_payload
 from bench.protocol.wire import Message, Payload, PlainPart, Upload
 from bench.registry import DEFENSES
 
@@ -151,24 +152,9 @@ class SelectiveShield(Defense):
             out[n] = torch.where(z, noisy, values[n])
         return out
 
-    def aggregate(self, fed, uploads: list[Upload], server) -> Payload:
-        """Eqs. 23-24 at the aggregation server: ciphertext sum, per-entry mean of the noise zone."""
-        plain = {}
-        for n in fed.names:
-            size = int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1
-            total, count = np.zeros(size), np.zeros(size)
-            for up in uploads:
-                part = up.payload.plain.get(n)
-                if part is not None:
-                    total[part.visible()] += part.values()
-                    count[part.visible()] += 1
-            seen = count > 0
-            if seen.any():
-                mean = torch.from_numpy((total[seen] / count[seen]).astype(np.float32))
-                dense = torch.zeros(size)
-                dense[torch.from_numpy(seen)] = mean
-                plain[n] = PlainPart.of(dense.reshape(fed.shapes[n]), seen)
-        return Payload(plain=plain, cipher=sum_cipher(fed, uploads, server))
+    def start_aggregate(self, fed, server) -> Aggregation:
+        """Eqs. 23-24 at the aggregation server as uploads arrive: ciphertext sum, per-entry mean of the noise zone."""
+        return _ZoneMean(fed, server)
 
     def decode(self, fed, aggregate: Payload, party) -> dict[str, torch.Tensor]:
         """Eqs. 25-26 at the key server."""
@@ -189,3 +175,35 @@ class SelectiveShield(Defense):
                        clip=self.clip, upload_noise_multiplier=self.ledger.noise_multiplier,
                        dp=self.ledger.describe(fed.scenario.delta, fed.scenario.sampling))
         return out
+
+
+class _ZoneMean(Aggregation):
+    """Running ciphertext sum, and per entry the running total and count of the noise-zone uploads that sent it."""
+
+    def __init__(self, fed, server):
+        self.fed, self.cipher = fed, CipherSum(fed, server)
+        self.totals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def fold(self, up: Upload) -> None:
+        for n in self.fed.names:
+            part = up.payload.plain.get(n)
+            if part is not None:
+                size = int(np.prod(self.fed.shapes[n])) if self.fed.shapes[n] else 1
+                total, count = self.totals.setdefault(n, (np.zeros(size), np.zeros(size)))
+                total[part.visible()] += part.values()
+                count[part.visible()] += 1
+        self.cipher.fold(up)
+
+    def result(self) -> Payload:
+        plain = {}
+        for n in self.fed.names:
+            if n not in self.totals:
+                continue
+            total, count = self.totals.pop(n)
+            seen = count > 0
+            if seen.any():
+                mean = torch.from_numpy((total[seen] / count[seen]).astype(np.float32))
+                dense = torch.zeros(total.size)
+                dense[torch.from_numpy(seen)] = mean
+                plain[n] = PlainPart.of(dense.reshape(self.fed.shapes[n]), seen)
+        return Payload(plain=plain, cipher=self.cipher.result())

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import beta
 
 from bench.protocol.evidence import Evidence, metric
 
@@ -32,6 +31,8 @@ MIN_PER_CLASS = 10
 
 def clopper_pearson_upper(k: int, n: int, level: float) -> float:
     """One-sided upper confidence bound at `level` on a binomial rate from k successes in n trials."""
+    from scipy.stats import beta
+
     return 1.0 if k >= n else float(beta.ppf(level, k + 1, n - k))
 
 

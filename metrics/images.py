@@ -27,8 +27,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.optimize import linear_sum_assignment
-from skimage.metrics import structural_similarity
 
 from metrics.lpips_alex import LpipsUnavailable, load_lpips_alex
 
@@ -143,6 +141,8 @@ def pairwise_distances(rec, truth, distance: str = "lpips") -> torch.Tensor:
 
 def _assign(dist: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Hungarian assignment on a (truth, rec) cost matrix -> (truth_idx, rec_idx), min(shape) pairs."""
+    from scipy.optimize import linear_sum_assignment   # scipy and skimage load where used: every command loads metrics
+
     cost = dist.double().numpy()
     cost = np.where(np.isfinite(cost), cost, np.finfo(np.float64).max / (cost.size + 1))
     return linear_sum_assignment(cost)
@@ -182,6 +182,8 @@ def _ssim_win(h: int, w: int) -> int:
 
 
 def _ssim_values(rec: torch.Tensor, truth: torch.Tensor) -> np.ndarray:
+    from skimage.metrics import structural_similarity
+
     h, w = rec.shape[-2:]
     win = _ssim_win(h, w)
     if win < 3:

@@ -7,7 +7,6 @@ do not saturate that way and sit beside them on the leaderboard.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import accuracy_score, f1_score
 
 from bench.protocol.evidence import Evidence, metric
 
@@ -32,12 +31,16 @@ def label_acc(ev: Evidence):
 
 @metric("leacc", "", True, "privacy", "iLRG LeAcc: accuracy of the class-existence vector over all C classes", display="LeAcc")
 def leacc(ev: Evidence):
+    from sklearn.metrics import accuracy_score
+
     pair = _counts(ev)
     return None if pair is None else float(accuracy_score(pair[1] > 0, pair[0] > 0))
 
 
 @metric("lnacc", "", True, "privacy", "iLRG LnAcc: accuracy of the rounded per-class counts over all C classes", display="LnAcc")
 def lnacc(ev: Evidence):
+    from sklearn.metrics import accuracy_score
+
     pair = _counts(ev)
     return None if pair is None else float(accuracy_score(pair[1], pair[0]))
 
@@ -50,6 +53,8 @@ def irec(ev: Evidence):
 
 @metric("label_f1", "", True, "privacy", "F1 of the recovered class-existence vector (no true-negative inflation)", display="label F1")
 def label_f1(ev: Evidence):
+    from sklearn.metrics import f1_score
+
     pair = _counts(ev)
     return None if pair is None else float(f1_score(pair[1] > 0, pair[0] > 0, zero_division=0.0))
 
@@ -57,6 +62,8 @@ def label_f1(ev: Evidence):
 @metric("client_class_f1", "", True, "privacy",
         "F1 of the recovered set of classes the attacked client holds (what negotiation messages leak)")
 def client_class_f1(ev: Evidence):
+    from sklearn.metrics import f1_score
+
     rec = ev.reconstruction
     if rec is None or rec.client_classes is None or ev.truth is None or ev.truth.client_y is None:
         return None

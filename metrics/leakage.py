@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.neighbors import KernelDensity
 
 from bench.protocol.evidence import Evidence, metric
 
@@ -28,6 +27,8 @@ def _standardize(a: np.ndarray) -> np.ndarray | None:
 
 
 def _log_density(points: np.ndarray, bandwidth: float) -> np.ndarray:
+    from sklearn.neighbors import KernelDensity
+
     kde = KernelDensity(kernel="gaussian", bandwidth=bandwidth, rtol=1e-4).fit(points)
     return kde.score_samples(points)
 

@@ -18,8 +18,6 @@ and membership labels go into the record's details so the page can draw ROC curv
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
-from sklearn.metrics import roc_auc_score, roc_curve
 
 from bench.protocol.evidence import Evidence, metric
 
@@ -53,12 +51,16 @@ def _unscorable(labels: np.ndarray, scores: np.ndarray) -> str | None:
 
 
 def auroc(scores, labels) -> float:
+    from sklearn.metrics import roc_auc_score
+
     s, y, _ = _clean(scores, labels)
     _both_classes(y)
     return float(roc_auc_score(y, s))
 
 
 def tpr_at_fpr(scores, labels, alpha: float) -> float:
+    from sklearn.metrics import roc_curve
+
     s, y, _ = _clean(scores, labels)
     _both_classes(y)
     fpr, tpr, _ = roc_curve(y, s)
@@ -66,6 +68,8 @@ def tpr_at_fpr(scores, labels, alpha: float) -> float:
 
 
 def fpr_at_tpr(scores, labels, level: float = 0.95) -> float:
+    from sklearn.metrics import roc_curve
+
     s, y, _ = _clean(scores, labels)
     _both_classes(y)
     fpr, tpr, _ = roc_curve(y, s)
@@ -73,6 +77,8 @@ def fpr_at_tpr(scores, labels, level: float = 0.95) -> float:
 
 
 def balanced_accuracy(scores, labels) -> float:
+    from sklearn.metrics import roc_curve
+
     s, y, _ = _clean(scores, labels)
     _both_classes(y)
     fpr, tpr, _ = roc_curve(y, s)
@@ -82,6 +88,8 @@ def balanced_accuracy(scores, labels) -> float:
 def bootstrap_auroc(scores, labels, n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
     """95% percentile interval of AUROC over paired resamples (Mann-Whitney form, vectorized);
     resamples that draw a single class are skipped."""
+    from scipy.stats import rankdata
+
     s, y, _ = _clean(scores, labels)
     _both_classes(y)
     rng = np.random.default_rng(seed)

@@ -13,7 +13,6 @@ so they cannot inflate ROUGE.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from bench.protocol.evidence import Evidence, metric
 
@@ -51,6 +50,8 @@ def matched(ev: Evidence) -> tuple[list[str], list[str]] | None:
     refs = [tok.decode(ids).strip() for ids in reference_ids(ev)]
     preds = [p.strip() for p in rec.texts] or [""]
     if rec.extra.get("matching") == "encoder":
+        from scipy.optimize import linear_sum_assignment
+
         cost = np.array([[1.0 - _scorer().score(r, p)["rouge1"].fmeasure for p in preds] for r in refs])
         rows, cols = linear_sum_assignment(cost)
         pick = dict(zip(rows, cols))

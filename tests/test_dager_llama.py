@@ -71,6 +71,27 @@ def test_smollm2_is_pretrained_and_its_tokenizer_round_trips(smollm2, data_root)
     assert pretrained < 1000 and baseline > 20000
 
 
+def test_a_structure_only_build_reads_no_weight_and_has_every_entry(smollm2, data_root, monkeypatch):
+    """What a dry run builds: the full build's parameter names, shapes and trainable flags, on the meta device,
+    from the checkpoint's config alone."""
+    from bench.data import load_dataset
+    from bench.models import build_model, structure_only
+    from bench.models import llama
+
+    data = load_dataset("sst2-sentences-cls-smollm2", data_root, max_train=8, max_test=8, seed=0, seq_len=64)
+    full = build_model("smollm2-135m", data, **SMALL)
+
+    def unread(*args):
+        raise AssertionError("a structure-only build read the weights")
+
+    monkeypatch.setattr(llama, "_checkpoint", unread)
+    with structure_only():
+        shell = build_model("smollm2-135m", data, **SMALL)
+    layout = {n: (tuple(p.shape), p.requires_grad) for n, p in full.named_parameters()}
+    assert {n: (tuple(p.shape), p.requires_grad) for n, p in shell.named_parameters()} == layout
+    assert {p.device.type for p in shell.parameters()} == {"meta"}
+
+
 def _llama_step_matches(model):
     from attacks.dager_arch import Arch
     arch = Arch(model, pad_id=-1)

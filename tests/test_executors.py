@@ -17,7 +17,7 @@ import pytest
 
 from bench.cli import main
 from bench.protocol.defense import Defense
-from bench.run.executors import LocalExecutor, ProcessExecutor, RayExecutor
+from bench.run.executors import Job, LocalExecutor, ProcessExecutor, RayExecutor
 from bench.run.runner import run_suite
 from bench.run.spec import load_suite
 from bench.run.store import Store
@@ -127,6 +127,15 @@ def test_a_killed_ray_run_resumes_without_recomputing_finished_cells(ray_session
         assert after[cell_id]["environment"]["run_id"] != before.get(cell_id, {}).get("environment", {}).get("run_id")
 
 
+@pytest.mark.parametrize("kind", ["local", "process", "ray"])
+def test_a_rerun_with_nothing_left_starts_no_executor(kind, grid, tmp_path):
+    """An executor named by the run but never started (every group done) is not closed either."""
+    suite = load_suite(str(grid))
+    assert run_suite(suite, tmp_path, only="tiny-0/plaintext").failed == 0
+    again = run_suite(suite, tmp_path, only="tiny-0/plaintext", executor=kind, workers=None if kind == "local" else 2)
+    assert (again.skipped, again.ok, again.failed) == (2, 0, 0)
+
+
 def _crash(cells, data_root, run_id, on_round=None):
     """A worker that dies mid-task."""
     os._exit(3)
@@ -174,6 +183,45 @@ def test_records_from_other_code_are_refused(grid, tmp_path):
     summary = run_suite(load_suite(str(grid)), tmp_path, executor=LocalExecutor(fn=elsewhere), only="tiny-0/plaintext")
     assert summary.failed == 2
     assert all("computed by other code (fingerprint 0ther0code" in reason for _, reason in summary.failures)
+
+
+def _threads(cells, data_root, run_id, on_round=None):
+    """A job that reports the torch threads its process computes with."""
+    import torch
+
+    return [torch.get_num_threads()]
+
+
+@pytest.mark.parametrize("kind", ["local", "process", "ray"])
+def test_each_process_computes_with_its_share_of_the_cores(ray_session, kind, grid, monkeypatch):
+    """Local: every core; a pool of 2: half each; a Ray task: its one CPU; LEAKBENCH_THREADS wins everywhere."""
+    from bench.run.threads import usable_cores
+
+    import torch
+
+    before, cells = torch.get_num_threads(), list(load_suite(str(grid)).cells)[:1]
+    share = {"local": usable_cores(), "process": max(1, usable_cores() // 2), "ray": 1}[kind]
+    for override, expect in ((None, share), ("3", 3)):
+        if override is None:
+            monkeypatch.delenv("LEAKBENCH_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("LEAKBENCH_THREADS", override)
+        pool = {"local": lambda: LocalExecutor(fn=_threads), "process": lambda: ProcessExecutor(2, fn=_threads),
+                "ray": lambda: RayExecutor(2, fn=_threads)}[kind]()
+        try:
+            pool.submit(Job(cells, "run", "group"))
+            [(_, result)] = pool.wait(120)
+        finally:
+            pool.close()
+            torch.set_num_threads(before)   # the local executor set this process's
+        assert result == [expect], (kind, override)
+
+
+def test_a_bad_thread_count_exits_2_in_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("LEAKBENCH_THREADS", "none")
+    assert main(["run", "smoke", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "leakbench: error: LEAKBENCH_THREADS must be an integer >= 1, got 'none'", err
 
 
 @pytest.mark.parametrize("args, expect", [

@@ -235,38 +235,26 @@ class Aggregator(_Role):
     max_summands: float = math.inf   # the key's sum headroom: more uploads could overflow the encoding
 
     def add(self, uploads: list[list[bytes]], party_names: list[str] | None = None) -> list[bytes]:
-        verdict = "the upload is rejected"
+        """The sum of every upload's blobs, each checked; the same bytes as folding them into `running()` in turn."""
         if not uploads:
             raise CryptoError(self.party, "received no uploads to add")
         names = list(party_names) if party_names is not None else [f"client-{i}" for i in range(len(uploads))]
         if len(names) != len(uploads):
             raise CryptoError(self.party, f"{len(uploads)} uploads but {len(names)} sender names")
         if len(uploads) > self.max_summands:
-            raise CryptoError(self.party, f"{len(uploads)} uploads exceed this key's sum headroom of "
-                                          f"{self.max_summands:g} summands, so their sum could overflow the "
-                                          f"encoding; provision the key for at least {len(uploads)} summands")
-        count = len(uploads[0])
+            raise CryptoError(self.party, _headroom(len(uploads), self.max_summands))
         for name, up in zip(names, uploads):
-            if len(up) != count:
+            if len(up) != len(uploads[0]):
                 raise CryptoError(self.party, f"{name}'s upload has {len(up)} ciphertexts but {names[0]}'s has "
-                                              f"{count}; uploads must be equally long; {verdict}")
-        out = []
-        for i in range(count):
-            acc, size = None, None
-            for name, up in zip(names, uploads):
-                what = f"ciphertext {i} of {name}'s upload"
-                item, n = self._load(self._unframe(up[i], what, verdict), what, verdict)
-                if size is None:
-                    size = n
-                    if i < count - 1 and n != self.values_per_blob:
-                        raise CryptoError(self.party, f"{what} holds {n} values; every ciphertext but the last "
-                                                      f"must hold {self.values_per_blob}; {verdict}")
-                elif n != size:
-                    raise CryptoError(self.party, f"{what} holds {n} values but {names[0]}'s holds {size}; "
-                                                  f"{verdict}")
-                acc = item if acc is None else self._add(acc, item)
-            out.append(frame(self.fingerprint, self._dump(acc)))
-        return out
+                                              f"{len(uploads[0])}; uploads must be equally long; {VERDICT}")
+        total = self.running()
+        for name, up in zip(names, uploads):
+            total.fold(up, name)
+        return total.blobs()
+
+    def running(self) -> "RunningSum":
+        """An empty sum that uploads are folded into one at a time."""
+        return RunningSum(self)
 
     @abstractmethod
     def _load(self, payload: bytes, what: str, verdict: str) -> tuple[Any, int]:
@@ -277,6 +265,65 @@ class Aggregator(_Role):
 
     @abstractmethod
     def _dump(self, acc: Any) -> bytes: ...
+
+
+VERDICT = "the upload is rejected"
+
+
+def _headroom(count: int, limit: float) -> str:
+    return (f"{count} uploads exceed this key's sum headroom of {limit:g} summands, so their sum could overflow "
+            f"the encoding; provision the key for at least {count} summands")
+
+
+class RunningSum:
+    """A ciphertext sum built one upload at a time, so that a server holds the running total (one deserialized
+    ciphertext per chunk, about one upload's size) and the upload being folded, never the whole round's. Each
+    upload is checked against the first one folded; ciphertext addition is exact, so the bytes are the batch
+    `Aggregator.add`'s. An upload refused part-way leaves the sum unusable (the round fails with it)."""
+
+    def __init__(self, role: Aggregator):
+        self.role, self.totals, self.sizes, self.first, self.count = role, [], [], None, 0
+
+    def fold(self, blobs: list[bytes], name: str) -> None:
+        role = self.role
+        self._open()
+        if self.count + 1 > role.max_summands:
+            raise CryptoError(role.party, _headroom(self.count + 1, role.max_summands))
+        if self.first is not None and len(blobs) != len(self.totals):
+            raise CryptoError(role.party, f"{name}'s upload has {len(blobs)} ciphertexts but {self.first}'s has "
+                                          f"{len(self.totals)}; uploads must be equally long; {VERDICT}")
+        for i, blob in enumerate(blobs):
+            what = f"ciphertext {i} of {name}'s upload"
+            item, n = role._load(role._unframe(blob, what, VERDICT), what, VERDICT)
+            if self.first is None:
+                if i < len(blobs) - 1 and n != role.values_per_blob:
+                    raise CryptoError(role.party, f"{what} holds {n} values; every ciphertext but the last must "
+                                                  f"hold {role.values_per_blob}; {VERDICT}")
+                self.totals.append(item)
+                self.sizes.append(n)
+            elif n != self.sizes[i]:
+                raise CryptoError(role.party, f"{what} holds {n} values but {self.first}'s holds {self.sizes[i]}; "
+                                              f"{VERDICT}")
+            else:
+                self.totals[i] = role._add(self.totals[i], item)
+        self.first = self.first or name
+        self.count += 1
+
+    def blobs(self) -> list[bytes]:
+        """The framed sum of every upload folded, handed over once: each chunk's running total is released as it is
+        serialized, so the sum and its bytes are not both held whole."""
+        if not self.count:
+            raise CryptoError(self.role.party, "received no uploads to add")
+        self._open()
+        totals, self.totals = self.totals[::-1], None
+        out = []
+        while totals:
+            out.append(frame(self.role.fingerprint, self.role._dump(totals.pop())))
+        return out
+
+    def _open(self) -> None:
+        if self.totals is None:
+            raise CryptoError(self.role.party, "this sum was already handed over; start another with running()")
 
 
 class Decryptor(_Role):

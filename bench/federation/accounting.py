@@ -8,7 +8,9 @@ samples a fixed number of clients without replacement is accounted as Poisson sa
 at the same rate. Both facts are part of what `describe` records.
 
 Calibrating a noise multiplier for a target epsilon is a bisection that takes seconds,
-so results are cached in-process and in a small JSON file in the user cache.
+so results are cached in-process and in a small JSON file in the user cache. Opacus is imported
+where a ledger is first used: importing it costs seconds (it pulls in torch.distributed), and loading
+the registry (`leakbench list`, a dry run) imports this module without accounting anything.
 """
 from __future__ import annotations
 
@@ -20,10 +22,6 @@ import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
-
-import opacus
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 
 ACCOUNTANT = "rdp"
 # bisection stops within this fraction of the target epsilon, always on the private side
@@ -46,6 +44,8 @@ class RdpLedger:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
         self.noise_multiplier = float(noise_multiplier)
         self.sample_rate = float(sample_rate)
+        from opacus.accountants import RDPAccountant
+
         self._accountant = RDPAccountant()
 
     def step(self) -> None:
@@ -69,6 +69,8 @@ class RdpLedger:
 
     def describe(self, delta: float, sampling: str) -> dict[str, Any]:
         """What an epsilon means: accountant, the run's sampling against the bound's, adjacency, the inputs."""
+        import opacus
+
         return {"accountant": f"opacus {opacus.__version__} {ACCOUNTANT}",
                 "sampling": "Poisson at rate q" if sampling == "poisson"
                 else f"{sampling} clients per round, accounted as Poisson at rate q",
@@ -89,6 +91,9 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, r
 
 @functools.lru_cache(maxsize=64)
 def _cached(target_epsilon: float, delta: float, sample_rate: float, rounds: int) -> float:
+    import opacus
+    from opacus.accountants.utils import get_noise_multiplier
+
     key = json.dumps([ACCOUNTANT, opacus.__version__, RELATIVE_TOLERANCE, target_epsilon, delta, sample_rate,
                       rounds])
     path = cache_file()

@@ -21,6 +21,11 @@ class CostMeter:
             self.totals[key] += time.perf_counter() - start
             self.counts[key] += 1
 
+    def charge(self, key: str, seconds: float) -> None:
+        """One call's seconds measured in pieces (a sum folded upload by upload)."""
+        self.totals[key] += seconds
+        self.counts[key] += 1
+
     def mean(self, key: str) -> float:
         """Mean seconds per timed call (e.g. per client upload), 0 when never timed."""
         return self.totals[key] / self.counts[key] if self.counts.get(key) else 0.0

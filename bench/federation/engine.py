@@ -1,13 +1,16 @@
 """The federation engine: clients, local training, rounds, sampling, FedAvg through a defense.
 
 The engine knows no defense by name. Each round: sample clients, let the defense
-negotiate, train locally, encode uploads, aggregate at the server, decode, apply. In the
-attack round the attacked client's upload (one FedSGD step on a batch, or a local-
-training delta) is also kept as an attack target together with its ground truth; with
-attack_repeats > 1 the same client encodes further batches under the same defense state
-(counterfactual uploads: only the first one is aggregated). A malicious-model attack of the group gets
-its own targets: the same batches uploaded from the model it sent the attacked client in that round
-(bench/federation/exchange.py), never aggregated; every other client and round gets the honest model.
+negotiate, train locally, encode uploads, aggregate at the server, decode, apply. The server
+folds each upload into the defense's running aggregate as soon as it is encoded, so a round
+holds one upload at a time, not every client's (a defense that overrides `aggregate` alone
+gets the round's list: bench/protocol/defense.py). In the attack round the attacked client's
+upload (one FedSGD step on a batch, or a local-training delta) is also kept as an attack
+target together with its ground truth; with attack_repeats > 1 the same client encodes
+further batches under the same defense state (counterfactual uploads: only the first one is
+aggregated). A malicious-model attack of the group gets its own targets: the same batches uploaded from
+the model it sent the attacked client in that round (bench/federation/exchange.py), never aggregated; every
+other client and round gets the honest model.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from bench.models.losses import TASKS
 from bench.models.pretrain import pretrain, split_public
 from bench.protocol import contracts
 from bench.protocol.attack import Attack
-from bench.protocol.defense import Defense, Party
+from bench.protocol.defense import Defense, Party, running_aggregate
 from bench.protocol.evidence import Truth
 from bench.protocol.view import Canary, ServerView
 from bench.protocol.wire import Payload, Traffic, Upload
@@ -154,13 +157,13 @@ def _train(fed: Federation, sampled: list[Client], round: int, canary: Canary | 
 
 
 def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, knowledge,
-            targets: Targets) -> list[Upload]:
-    """Encode every update; keep the attacked ones as targets; only each client's first is aggregated."""
+            targets: Targets, arrive: Callable[[Upload], None]) -> None:
+    """Encode every update; keep the attacked ones as targets; each client's first goes to `arrive` (the server),
+    and a client's updates are dropped once encoded."""
     total = sum(c.num_samples for c in sampled)
-    uploads = []
     for client in sampled:
         weight = client.num_samples / total
-        for rep, (x, y, update, attacked, included) in enumerate(trained[client.name]):
+        for rep, (x, y, update, attacked, included) in enumerate(trained.pop(client.name)):
             payload = contracts.returned_payload(defense, "encode", defense.encode(fed, client, update, weight))
             upload = Upload(client.name, fed.round, weight, payload)
             if attacked:
@@ -172,15 +175,25 @@ def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, k
             if rep == 0:
                 fed.send(client.name, "server", "upload", upload.payload)
                 fed.observe(upload)
-                uploads.append(upload)
-    return uploads
+                arrive(upload)
+            del payload, upload
 
 
-def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], uploads: list[Upload],
+def _uploads_and_aggregate(fed: Federation, defense: Defense, sampled: list[Client], trained, knowledge,
+                           targets: Targets) -> Payload:
+    """The round's aggregate: uploads folded into the defense's running aggregate as they arrive, or, for a
+    defense that aggregates a list, collected and handed over at once."""
+    server, keys = ServerSide(fed), fed.parties["server"]
+    running = contracts.returned_aggregation(defense, running_aggregate(defense, server, keys))
+    uploads: list[Upload] = []
+    _upload(fed, defense, sampled, trained, knowledge, targets, uploads.append if running is None else running.fold)
+    aggregate = defense.aggregate(server, uploads, keys) if running is None else running.result()
+    return contracts.returned_payload(defense, "aggregate", aggregate)
+
+
+def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], aggregate: Payload,
                known: dict[str, torch.Tensor]) -> None:
-    """Server aggregation, decoding, the new global model, and what the server now knows of it."""
-    aggregate = contracts.returned_payload(defense, "aggregate",
-                                           defense.aggregate(ServerSide(fed), uploads, fed.parties["server"]))
+    """Decoding, the new global model, and what the server now knows of it."""
     decoder = contracts.returned_party(defense, defense.decoder(fed))
     if decoder.name == "key-server":
         fed.send("server", "key-server", "aggregate", aggregate)
@@ -241,10 +254,10 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         try:
             trained = _train(fed, sampled, r, canary, defense.trains)
             defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
-            uploads = _upload(fed, defense, sampled, trained, knowledge, targets)
-            if r == scenario.attack_round and modifiers:
+            if r == scenario.attack_round and modifiers:   # before the honest upload, which drops its batches
                 modified = _exchanges(fed, pristine, modifiers, knowledge, trained, sampled)
-            _aggregate(fed, defense, sampled, uploads, known)
+            aggregate = _uploads_and_aggregate(fed, defense, sampled, trained, knowledge, targets)
+            _aggregate(fed, defense, sampled, aggregate, known)
         except Diverged as err:   # the global model stays the last finite one; its utility is reported
             diverged = err
             break

@@ -2,11 +2,34 @@
 list the entries a client's update covers."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
+
 from torch import nn
 
 from bench.data.loading import Dataset
 from bench.protocol.contracts import returned_model
 from bench.registry import MODELS
+
+
+_STRUCTURE_ONLY: ContextVar[bool] = ContextVar("structure_only", default=False)
+
+
+@contextmanager
+def structure_only() -> Iterator[None]:
+    """Build models for checks that read shapes and layers only (a dry run's applicability checks): a factory
+    that reads pretrained weights may skip them and leave its parameters on the meta device."""
+    token = _STRUCTURE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _STRUCTURE_ONLY.reset(token)
+
+
+def weights_wanted() -> bool:
+    """False inside `structure_only`: the model being built is for its structure, its values are never read."""
+    return not _STRUCTURE_ONLY.get()
 
 
 def build_model(name: str, data: Dataset, **kwargs) -> nn.Module:

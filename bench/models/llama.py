@@ -33,6 +33,7 @@ from torch import nn
 from bench.data.loading import Dataset
 from bench.data.packaged import INSTALL, smollm2_gguf
 from bench.models.checkpoints import Checkpoint
+from bench.models.build import weights_wanted
 from bench.models.text import TextModel, _check_length, _need_text
 from bench.registry import MODELS
 
@@ -83,12 +84,29 @@ def _checkpoint(folder: Path, gguf: str | None) -> tuple[object, dict[str, torch
     return config, state
 
 
+@lru_cache(maxsize=2)
+def _config(folder: Path, gguf: str | None) -> object:
+    """The checkpoint's config alone, from its metadata (no tensor is read or dequantized)."""
+    from transformers import AutoConfig
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    config = AutoConfig.from_pretrained(str(folder), gguf_file=gguf, local_files_only=True)
+    if config.model_type != "llama":
+        raise ValueError(f"{gguf or folder} is a '{config.model_type}' model; these factories read LLaMA ones")
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
 def _build(data: Dataset, weights: str, n_positions: int) -> nn.Module:
-    """The checkpoint as LlamaForCausalLM or LlamaForSequenceClassification for this data, float32, eval-ready."""
+    """The checkpoint as LlamaForCausalLM or LlamaForSequenceClassification for this data, float32, eval-ready.
+    Built for its structure only (a dry run, bench/models/build.py's structure_only) it reads the config alone
+    and leaves every parameter on the meta device: the weights take seconds to dequantize and no check reads them."""
     import copy
 
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
-    config, state = _checkpoint(*checkpoint_location(weights))
+    structure = not weights_wanted()
+    location = checkpoint_location(weights)
+    config, state = (_config(*location), None) if structure else _checkpoint(*location)
     if data.vocab_size != config.vocab_size:
         raise ValueError(f"the model has {config.vocab_size} tokens, the data's tokenizer {data.vocab_size}: use data "
                          "tokenized with the model's own tokenizer (a '*-smollm2' dataset)")
@@ -103,6 +121,10 @@ def _build(data: Dataset, weights: str, n_positions: int) -> nn.Module:
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         net = (LlamaForSequenceClassification if classify else LlamaForCausalLM)(config)
+    if structure:
+        if not classify:
+            net.tie_weights()
+        return net
     net.to_empty(device="cpu")
     missing, _ = net.load_state_dict(state, strict=False)
     if set(missing) - {"score.weight", "lm_head.weight"}:

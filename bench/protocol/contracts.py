@@ -16,6 +16,7 @@ import torch
 
 from bench.protocol.attack import FAMILIES, THREAT_MODELS, Attack, Reconstruction
 from bench.protocol.configurable import keyword_params
+from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import KEY_TOPOLOGIES, Defense
 from bench.protocol.evidence import KINDS, Metric
 from bench.protocol.wire import Party, Payload
@@ -31,7 +32,8 @@ class ContractError(TypeError):
 DEFENSE_HOOKS = {"applicable": (("setting",), ()), "adapt_model": (("model",), ()), "setup": (("fed",), ()),
                  "round_start": (("fed", "round", "clients", "updates"), ()),
                  "encode": (("fed", "client", "update", "weight"), ()),
-                 "aggregate": (("fed", "uploads", "server"), ()), "decoder": (("fed",), ()),
+                 "aggregate": (("fed", "uploads", "server"), ()), "start_aggregate": (("fed", "server"), ()),
+                 "decoder": (("fed",), ()),
                  "decode": (("fed", "aggregate", "party"), ()), "merge": (("fed", "client", "global_update"), ()),
                  "run_metrics": (("fed",), ()), "cipher_target": ((), ()), "match_cipher_bytes": (("nbytes",), ())}
 UPLOAD_HOOKS = ("encode", "adapt_model")   # the hooks that can change what a client uploads
@@ -149,6 +151,11 @@ def returned_update(defense: Any, value: Any, shapes: dict[str, tuple[int, ...]]
 
 def returned_payload(defense: Any, hook: str, value: Any) -> Payload:
     return returned(defense, hook, value, Payload, "a bench.Payload (plaintext entries: bench.dense_payload(update))")
+
+
+def returned_aggregation(defense: Any, value: Any) -> Aggregation | None:
+    return returned(defense, "start_aggregate", value, (Aggregation, type(None)),
+                    "a bench.Aggregation (fold(upload), result() -> bench.Payload) or None")
 
 
 def returned_party(defense: Any, value: Any) -> Party:

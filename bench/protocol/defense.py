@@ -4,6 +4,11 @@ setup (keys, negotiation) -> round_start (per-round negotiation) -> encode (clie
 update -> payload) -> aggregate (aggregation server, public material only) -> decode
 (whoever holds the key) -> merge (client; personalized parts stay local).
 
+The server aggregates as uploads arrive: start_aggregate opens the round's running aggregate and
+the engine folds each upload into it right after the client encodes it, so a round never holds
+every upload at once. A defense whose `aggregate` is its own (overridden below the class that
+defines its start_aggregate) gets the round's uploads as a list instead (running_aggregate).
+
 Party separation is explicit: key material lives in the `keys` of the party that holds
 it, and each hook receives only the party it runs at. The base class is plaintext FedAvg
 through the generic wire arithmetic of bench/protocol/payloads.py.
@@ -15,7 +20,8 @@ from typing import Any, ClassVar
 import torch
 
 from bench.protocol.configurable import Configurable
-from bench.protocol.payloads import sum_cipher, sum_plain, unpack
+from bench.protocol.aggregation import Aggregation, RunningSum
+from bench.protocol.payloads import unpack
 from bench.protocol.wire import Party, Payload, Upload, dense_payload
 
 KEY_TOPOLOGIES = {
@@ -73,8 +79,16 @@ class Defense(Configurable):
 
     def aggregate(self, fed, uploads: list[Upload], server: Party) -> Payload:
         """At the aggregation server: `fed` is what it holds (bench/federation/state.py's ServerSide: the round,
-        names, shapes, public scenario settings, client ids, meter, send), `server` its public key material."""
-        return Payload(plain=sum_plain(uploads), cipher=sum_cipher(fed, uploads, server))
+        names, shapes, public scenario settings, client ids, meter, send), `server` its public key material.
+        The default folds the list into start_aggregate's running aggregate."""
+        return self.start_aggregate(fed, server).fold_all(uploads)
+
+    def start_aggregate(self, fed, server: Party) -> Aggregation | None:
+        """The round's running aggregate (bench/protocol/aggregation.py), opened after round_start; the engine
+        folds each upload into it as it arrives. The default adds plaintext parts weighted and ciphertexts
+        homomorphically. None: no running aggregate this time (a wrapper around a defense without one), and
+        the engine calls `aggregate` with the round's uploads."""
+        return RunningSum(fed, server)
 
     def decoder(self, fed) -> Party:
         """The party that turns the aggregate into a plaintext update."""
@@ -109,3 +123,14 @@ class Defense(Configurable):
     def match_cipher_bytes(self, nbytes: float) -> None:
         """Before setup: encrypt as much as makes an upload's ciphertexts come to about `nbytes`."""
         raise ValueError(f"defense '{type(self).__name__}' has no encrypted amount to match to a byte budget")
+
+
+def running_aggregate(defense: Defense, fed, server: Party) -> Aggregation | None:
+    """The defense's running aggregate for this round, or None when its `aggregate` must see the uploads as a
+    list: a class overrode `aggregate` below the class whose start_aggregate it inherits (a plugin written for
+    the list contract, or a non-additive aggregate), or start_aggregate returned None."""
+    mro = type(defense).__mro__
+    owner = {hook: next(k for k in mro if hook in vars(k)) for hook in ("aggregate", "start_aggregate")}
+    if not issubclass(owner["start_aggregate"], owner["aggregate"]):
+        return None
+    return defense.start_aggregate(fed, server)

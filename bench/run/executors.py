@@ -11,7 +11,9 @@ could not run) comes back as the exception, and the runner records it as failed 
   on an existing cluster (`address`); at most `workers` groups in flight, else one per CPU.
 
 The data root travels as a job argument (resolved on the driver), and so do the settings a run
-keeps in its environment (--device; the HE pool size, 1 in a Ray task unless the driver sets one).
+keeps in its environment (--device; the HE pool size, 1 in a Ray task unless the driver sets one; the
+torch threads, LEAKBENCH_THREADS, bench/run/threads.py: every core in the local executor, a share per
+worker in a pool, one per Ray task unless the driver sets it).
 Every Ray node must see the data root at the same path (a shared file system); a node where that
 path does not exist falls back to its own $LEAKBENCH_DATA. Worker code must be the driver's: the
 runner rejects records whose code fingerprint differs.
@@ -26,6 +28,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from bench.run.threads import ENV as THREADS_ENV
+from bench.run.threads import share_cores, threads_for
 
 EXECUTORS = ("local", "process", "ray")
 RAY_HINT = "pip install 'leakbench[ray]'"
@@ -65,6 +70,7 @@ def _ray_compute(fn: Callable, cells: list, data_root: str | None, run_id: str,
     """The Ray task, with the driver's settings, and its data root or this node's $LEAKBENCH_DATA where
     that path is absent."""
     os.environ.update(env)
+    share_cores(1, cores=1)   # the task holds one CPU (or the driver's LEAKBENCH_THREADS)
     if data_root is not None and not Path(data_root).is_dir() and os.environ.get("LEAKBENCH_DATA"):
         data_root = os.environ["LEAKBENCH_DATA"]   # this node keeps the data elsewhere
     return fn(cells, data_root, run_id)
@@ -72,9 +78,11 @@ def _ray_compute(fn: Callable, cells: list, data_root: str | None, run_id: str,
 
 def _driver_env() -> dict[str, str]:
     """Settings a run keeps in its environment, all of them sent (a Ray worker serves many jobs): the
-    device, and the HE pool size, 1 unless set (a task holds one CPU; bench/crypto/parallel.py)."""
+    device, the HE pool size, 1 unless set (a task holds one CPU; bench/crypto/parallel.py), and the torch
+    threads where the driver sets them (an empty value: the task's one CPU)."""
     return {"LEAKBENCH_DEVICE": os.environ.get("LEAKBENCH_DEVICE") or "cpu",
-            "LEAKBENCH_HE_WORKERS": os.environ.get("LEAKBENCH_HE_WORKERS") or "1"}
+            "LEAKBENCH_HE_WORKERS": os.environ.get("LEAKBENCH_HE_WORKERS") or "1",
+            THREADS_ENV: os.environ.get(THREADS_ENV, "")}
 
 
 class LocalExecutor:
@@ -82,6 +90,7 @@ class LocalExecutor:
 
     def __init__(self, on_round: Callable[[Job, str], None] | None = None, fn: Callable = compute):
         self.slots, self._queue, self._on_round, self._fn = 1, [], on_round, fn
+        self.threads = share_cores(1)
 
     def submit(self, job: Job) -> None:
         self._queue.append(job)
@@ -98,12 +107,6 @@ class LocalExecutor:
         self._queue.clear()
 
 
-def _share_cores(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 class ProcessExecutor:
     """A pool of worker processes on this machine, each with its share of the cores for torch (Ray
     does the same for its tasks), so that workers do not oversubscribe them. Workers are spawned, not
@@ -112,9 +115,8 @@ class ProcessExecutor:
 
     def __init__(self, workers: int, fn: Callable = compute):
         self.slots, self._fn = workers, fn
-        threads = max(1, (os.cpu_count() or 1) // workers)
         self._pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                            initializer=_share_cores, initargs=(threads,))
+                                            initializer=share_cores, initargs=(workers,))
         self._futures: dict[cf.Future, Job] = {}
 
     def submit(self, job: Job) -> None:
@@ -225,6 +227,7 @@ def check_options(kind: str | None, workers: int | None = None, address: str | N
     if kind == "local" and (workers or 1) > 1:
         raise ExecutorError(f"--executor local runs one group at a time; for --workers {workers} use "
                             "--executor process or ray")
+    threads_for(workers or 1)   # a bad LEAKBENCH_THREADS is a one-line error before anything runs
     if kind == "ray":
         try:
             import ray  # noqa: F401

@@ -18,7 +18,7 @@ from bench.run.cells import one_line
 from bench.run.spec import Suite
 
 
-def preflight(suite: Suite, data_root: str | None, only: str | None = None) -> Suite:
+def preflight(suite: Suite, data_root: str | None, only: str | None = None, weights: bool = True) -> Suite:
     """Load-time checks of every scenario (with `only`: of those holding a selected cell), before any cell runs:
     its data loads, its model builds on it
     (parameter ranges, no sentence longer than the model's positions), its membership pool fits the
@@ -26,7 +26,12 @@ def preflight(suite: Suite, data_root: str | None, only: str | None = None) -> S
     one-line DataError / SpecError; what is left to run time is what a defense decides. Returns the suite
     without the grid points a defense cannot apply to (Defense.applicable), which it lists with their reasons
     (the page shows them "n/a"), with each classification scenario's chance accuracy, and naming the scenarios
-    it did not check (`unchecked`)."""
+    it did not check (`unchecked`).
+
+    `weights` False (a dry run): models are built for their structure only (bench/models/build.py): a factory
+    that reads pretrained weights may leave them unread, since these checks read shapes and layers, never
+    values (SmolLM2's weights take about 25 s to dequantize, its config alone a third of that)."""
+    import contextlib
     import dataclasses
     import json
 
@@ -34,7 +39,7 @@ def preflight(suite: Suite, data_root: str | None, only: str | None = None) -> S
     from bench.federation.candidates import check as check_membership
     from bench.federation.measure import setting
     from bench.federation.scenario import SpecError
-    from bench.models import build_model
+    from bench.models import build_model, structure_only
 
     root = resolve_data_root(data_root)
     models: dict[tuple, object] = {}   # one build per (data, model, parameters): a suite repeats them
@@ -51,7 +56,8 @@ def preflight(suite: Suite, data_root: str | None, only: str | None = None) -> S
                json.dumps(sc.model_params, sort_keys=True, default=str))
         try:
             if key not in models:
-                models[key] = build_model(sc.model, data, **sc.model_params)
+                with contextlib.nullcontext() if weights else structure_only():
+                    models[key] = build_model(sc.model, data, **sc.model_params)
             facts = setting(sc, data, models[key])
             if any(ATTACKS.get(a.name).needs_membership for a in attacks):
                 check_membership(sc, len(data.test_y))

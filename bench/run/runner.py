@@ -263,7 +263,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
             (c.label, "group" if states[c.cell_id] == "done" and c.cell_id in rerun else states[c.cell_id])
             for c in chosen))
     try:   # started only when there is work: a local Ray costs seconds
-        pool = make_executor(executor, workers, ray_address, on_round) if own and pending else executor
+        pool = (make_executor(executor, workers, ray_address, on_round) if pending else None) if own else executor
     except BaseException:
         store.close()
         raise

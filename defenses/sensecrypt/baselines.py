@@ -23,6 +23,7 @@ import torch
 
 from bench.crypto.keys import provision
 from bench.protocol.configurable import Configurable
+from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import Defense
 from bench.protocol.payloads import hybrid_payload
 from bench.crypto import open_decryptor, open_encryptor
@@ -110,12 +111,8 @@ class PaillierFull(_Timed, Defense):
         self.costs.withheld[blobs[0]] = flat   # the simulation's channel (slices.py)
         return payload
 
-    def aggregate(self, fed, uploads, server) -> Payload:
-        out, seconds = timed(Defense.aggregate, self, fed, uploads, server)
-        if self.costs is not None:
-            self.round_uploads = [up.payload.cipher[0].blobs[0] for up in uploads]   # whose values were summed
-            self.costs.record("he_aggregate", seconds, uploads[0].payload.cipher[0].length, sum(self.sizes))
-        return out
+    def start_aggregate(self, fed, server) -> Aggregation:
+        return _TimedSum(self, Defense.start_aggregate(self, fed, server))
 
     def decode(self, fed, aggregate: Payload, party) -> dict[str, torch.Tensor]:
         if self.costs is None:
@@ -137,6 +134,27 @@ class PaillierFull(_Timed, Defense):
             out.update({k[:-2] + "_extrapolated_s": out.pop(k) for k in ("round_time_max_s", "round_time_mean_s")
                         if k in out})
             out["encrypted_fraction_extrapolated"] = 1.0
+        return out
+
+
+class _TimedSum(Aggregation):
+    """The default running sum, its seconds recorded for the slice extrapolation (slices.py) when sliced."""
+
+    def __init__(self, defense: PaillierFull, inner: Aggregation):
+        self.defense, self.inner, self.seconds, self.summed, self.length = defense, inner, 0.0, [], 0
+
+    def fold(self, upload) -> None:
+        _, seconds = timed(self.inner.fold, upload)
+        self.seconds += seconds
+        if self.defense.costs is not None:
+            self.length = self.length if self.summed else upload.payload.cipher[0].length
+            self.summed.append(upload.payload.cipher[0].blobs[0])   # whose values were summed
+
+    def result(self) -> Payload:
+        out, seconds = timed(self.inner.result)
+        if self.defense.costs is not None:
+            self.defense.round_uploads = self.summed
+            self.defense.costs.record("he_aggregate", self.seconds + seconds, self.length, sum(self.defense.sizes))
         return out
 
 
