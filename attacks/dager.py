@@ -123,10 +123,9 @@ class Dager(Attack):
         self.pinned = device
         self.lora_path = lora_path
 
-    @property
-    def device(self) -> str:
+    def device(self, model: torch.nn.Module) -> str:
         """`device = "cuda"` pins the GPU where there is one; the default follows the run's --device."""
-        return "cuda" if self.pinned == "cuda" and torch.cuda.is_available() else torch_device.device_name()
+        return "cuda" if self.pinned == "cuda" and torch.cuda.is_available() else torch_device.device_name(model)
 
     # -- threat model ----------------------------------------------------------------------------
     def applicable(self, setting: Setting) -> str | None:
@@ -181,7 +180,7 @@ class Dager(Attack):
         with torch.no_grad():
             for name, value in weights.items():   # an unknown A sits beside a zero B: it does not act
                 state[name].copy_(torch.nan_to_num(value, nan=0.0))
-        model.eval().to(self.device)
+        model.eval().to(self.device(model))
         tok = knowledge.tokenizer
         arch = Arch(model, int(tok.pad_token_id))
         spans, rank, widths, saturated = self._spans(view, knowledge, arch, state, weights)
@@ -274,9 +273,9 @@ class Dager(Attack):
             hidden = None
             if transform is not None:
                 hidden = dager_hidden.hidden_columns(transform if coords is None else transform[coords])
-                hidden = hidden.to(self.device) if len(hidden) else None
-                transform = torch.nan_to_num(transform, nan=0.0).to(self.device)   # unknown columns start dropped
-            span = make_span(vecs.to(self.device), rank, transform,
-                             coords.to(self.device) if coords is not None else None, hidden)
+                hidden = hidden.to(arch.device) if len(hidden) else None
+                transform = torch.nan_to_num(transform, nan=0.0).to(arch.device)   # unknown columns start dropped
+            span = make_span(vecs.to(arch.device), rank, transform,
+                             coords.to(arch.device) if coords is not None else None, hidden)
             spans.append(span)
         return spans, rank, widths, rank >= cap

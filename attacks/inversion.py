@@ -122,8 +122,8 @@ class GradientTarget:
     """The server's copy of the model and the client's gradient on the visible entries."""
 
     def __init__(self, view: ServerView, knowledge: Knowledge) -> None:
-        self.device = torch_device.device()
         self.model = knowledge.build_model()
+        self.device = torch_device.device(self.model)
         state = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         with torch.no_grad():
             for name, value in knowledge.global_params.items():

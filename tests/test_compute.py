@@ -22,7 +22,7 @@ def test_resolve(monkeypatch):
     with pytest.raises(ValueError, match="^--device cuda: torch sees no CUDA GPU"):
         torch_device.resolve("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert torch_device.resolve("auto") == torch_device.resolve("cuda") == "cuda"
+    assert torch_device.resolve("cuda") == "cuda" and torch_device.resolve("auto") == "auto"
     with pytest.raises(ValueError, match="--device must be one of auto, cpu, cuda, got 'gpu'"):
         torch_device.resolve("gpu")
 
@@ -34,6 +34,18 @@ def test_use_sets_the_process_device(monkeypatch):
     monkeypatch.setenv(torch_device.ENV, "cuda")      # inherited by a worker on a machine without a GPU
     with pytest.raises(ValueError, match="no CUDA GPU"):
         torch_device.device()
+
+
+def test_auto_chooses_by_the_size_of_the_model(monkeypatch):
+    """auto: small models (LeNet, the MLPs) stay on the CPU, where the GPU loses; large ones go to the GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv(torch_device.ENV, torch_device.use("auto"))
+    small = torch.nn.Linear(100, 10)
+    large = torch.nn.Linear(1000, torch_device.AUTO_GPU_PARAMS // 1000)
+    assert torch_device.device_name(small) == "cpu" and torch_device.device_name() == "cpu"
+    assert torch_device.device_name(large) == "cuda"
+    monkeypatch.setenv(torch_device.ENV, "cpu")
+    assert torch_device.device_name(large) == "cpu"
 
 
 @pytest.mark.parametrize("choice, message", [("cuda", "--device cuda: torch sees no CUDA GPU"),

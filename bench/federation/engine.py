@@ -52,7 +52,7 @@ def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tens
     personalized entries), so a personalized or per-cluster model advances by its own training. It trains
     on the run's device (bench/models/torch_device.py); the delta comes back on the CPU."""
     sc = fed.scenario
-    dev = torch_device.device()
+    dev = torch_device.device(fed.model)
     model = fed.new_model()
     start = client.merged(fed.params())
     set_entries(model, start)

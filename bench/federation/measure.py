@@ -66,7 +66,7 @@ def encryption_breakdown(fed: Federation) -> dict[str, Any]:
 
 def run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any]:
     data = fed.data
-    dev = torch_device.device()
+    dev = torch_device.device(fed.model)
     evaluated = fed.model if dev.type == "cpu" else copy.deepcopy(fed.model).to(dev)
     metrics: dict[str, Any] = dict(fed.task.evaluate(evaluated.to(dev), data.test_x, data.test_y))
     if "accuracy" in metrics:   # what a page needs to tell an accuracy from chance (its binomial interval)

@@ -39,10 +39,13 @@ def environment(cell: Cell) -> dict[str, Any]:
 
 
 def compute_device() -> str:
-    """The torch device the cell ran on, with the GPU's name (not part of the cell id: bench/models/torch_device.py)."""
-    from bench.models.torch_device import device
-    dev = device()
-    return f"cuda ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "cpu"
+    """The torch device the cell ran on (or auto's rule), with the GPU's name (not part of the cell id: bench/models/torch_device.py)."""
+    from bench.models.torch_device import AUTO_GPU_PARAMS, setting
+    name = setting()
+    if name == "cpu":
+        return "cpu"
+    gpu = f"cuda ({torch.cuda.get_device_name(0)})"
+    return gpu if name == "cuda" else f"auto: {gpu} for models of {AUTO_GPU_PARAMS:,} parameters or more, cpu below"
 
 
 def one_line(err: BaseException) -> str:
