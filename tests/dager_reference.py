@@ -8,8 +8,8 @@ import contextlib
 
 import torch
 
-from attacks.dager_layer1 import layer1_distances
-from attacks.dager_search import Sentence, best_distinct_ids
+from attacks.dager.layer1 import layer1_distances
+from attacks.dager.search import Sentence, best_distinct_ids
 
 
 def reference_layer1_tokens(arch, span, thresh: float, max_len: int, drop: set[int], chunk: int = 8192):
@@ -100,7 +100,7 @@ class _LazyRows:
 @contextlib.contextmanager
 def reference_dager(counts: dict | None = None):
     """Within the block, the dager attack runs the reference search and layer-1 filter."""
-    import attacks.dager as dager
+    import attacks.dager.attack as dager
     saved = dager.decoder_search, dager.layer1_tokens
     dager.decoder_search = lambda *a, **k: (*reference_decoder_search(*a, counts=counts, **k), None)
     dager.layer1_tokens = reference_layer1_tokens
@@ -113,7 +113,7 @@ def reference_dager(counts: dict | None = None):
 @contextlib.contextmanager
 def counting_dager(counts: dict):
     """Within the block, the dager attack's own search records its extensions per position into `counts`."""
-    import attacks.dager as dager
+    import attacks.dager.attack as dager
     saved = dager.decoder_search
     dager.decoder_search = lambda *a, **k: saved(*a, counts=counts, **k)
     try:

@@ -115,10 +115,25 @@ def test_the_layer_check_can_fail():
     """An upward import is caught: the checker sees protocol importing the runner as wrong."""
     layers = _layers()
     assert _layer_of("bench.protocol.view", layers)[0] < _layer_of("bench.run.runner", layers)[0]
-    assert _layer_of("defenses.dp", layers)[0] == _layer_of("attacks.dager", layers)[0]
-    assert _layer_of("defenses.dp", layers)[1] != _layer_of("attacks.dager", layers)[1]
+    assert _layer_of("defenses.dp", layers)[0] == _layer_of("attacks.dager.attack", layers)[0]
+    assert _layer_of("defenses.dp", layers)[1] != _layer_of("attacks.dager.attack", layers)[1]
 
 
 def test_modules_stay_small():
     big = {str(p.relative_to(ROOT)): n for p in _modules().values() if (n := len(p.read_text().splitlines())) > 400}
     assert not big, f"modules over 400 lines: {big}"
+
+
+def test_old_attack_paths_import_until_the_next_release():
+    """attacks/ in rooms: each flat path of the previous release still imports (with a warning), the same objects."""
+    import importlib
+    import warnings
+
+    from attacks import MOVED
+    for old, new in MOVED.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
+        public = [k for k in vars(importlib.import_module(new)) if not k.startswith("__")]
+        assert public and all(getattr(module, k) is getattr(importlib.import_module(new), k) for k in public), old

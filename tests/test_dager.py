@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from attacks.dager import visible_block
-from attacks.dager_span import make_span, rank_of, spectrum
+from attacks.dager.attack import visible_block
+from attacks.dager.span import make_span, rank_of, spectrum
 from bench.cli import main
 from bench.protocol.attack import Reconstruction
 from bench.protocol.evidence import Evidence
@@ -70,7 +70,7 @@ def test_cached_decoder_step_equals_the_full_forward(lora):
     """The one-position block-0 step over cached keys and values gives the full forward's layer-2 inputs."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from attacks.dager_arch import Arch
+    from attacks.dager.arch import Arch
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)).eval()
     if lora:

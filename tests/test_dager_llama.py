@@ -93,7 +93,7 @@ def test_a_structure_only_build_reads_no_weight_and_has_every_entry(smollm2, dat
 
 
 def _llama_step_matches(model):
-    from attacks.dager_arch import Arch
+    from attacks.dager.arch import Arch
     arch = Arch(model, pad_id=-1)
     vocab = arch.vocab_size()
     gen = torch.Generator().manual_seed(0)
@@ -127,7 +127,7 @@ def test_cached_llama_step_equals_the_full_forward(lora):
 
 def test_cached_step_on_smollm2_and_its_gradient_rows(smollm2, data_root):
     """The same on the pretrained model; q/k/v of a layer are read together (q alone misses position 0)."""
-    from attacks.dager_arch import Arch
+    from attacks.dager.arch import Arch
     from bench.data import load_dataset
     from bench.models import build_model
     data = load_dataset("sst2-sentences-cls-smollm2", data_root, max_train=8, max_test=4, seed=0, seq_len=64)

@@ -55,7 +55,7 @@ def test_pruned_search_returns_the_plain_searchs_sentences(data_root, model, par
 def test_layer2_distances_in_small_blocks_change_no_sentence(data_root, monkeypatch):
     """The layer-2 distances are taken a block of (prefix, candidate) pairs at a time (memory on a late step):
     blocks of one prefix each give the plain search's sentences."""
-    from attacks.dager_arch import Arch
+    from attacks.dager.arch import Arch
 
     whole = Arch.layer2_distances
     blocks = []
@@ -101,7 +101,7 @@ def test_committed_batches_are_recovered_sentence_for_sentence(data_root, scenar
 
 def _small_gpt2_spans(data_root):
     """(target, Arch, layer spans) of one B = 2 upload of a 64-wide random-init GPT-2, as the attack builds them."""
-    from attacks.dager_arch import Arch
+    from attacks.dager.arch import Arch
     [target] = _targets(data_root, "gpt2", {"n_embd": 64, "n_head": 2, "train_embeddings": False}, 2, repeats=1)
     model = target.knowledge.build_model()
     state = dict(model.named_parameters()) | dict(model.named_buffers())
@@ -116,7 +116,7 @@ def _small_gpt2_spans(data_root):
 def test_a_batch_whose_first_tokens_all_fail_falls_back_as_the_plain_search_does(data_root):
     """l2 = 0: no first token passes layer 2, so the exact pass has nothing to extend (a saturated B = 64 batch
     reaches this); the search then keeps the closest failing tokens, as the plain search does from the start."""
-    from attacks.dager_decoder import decoder_search
+    from attacks.dager.decoder import decoder_search
     from tests.dager_reference import reference_decoder_search
     _, arch, spans = _small_gpt2_spans(data_root)
     tokens = [list(range(50, 60))] * 4
@@ -133,8 +133,8 @@ def test_a_step_where_too_many_prefixes_pass_layer2_stops_the_search_and_flags_t
     3 prefixes the search stops at the first step past it, and the attack flags the batch saturated (0 exact)."""
     import functools
 
-    import attacks.dager as dager
-    from attacks.dager_decoder import decoder_search
+    import attacks.dager.attack as dager
+    from attacks.dager.decoder import decoder_search
     target, arch, spans = _small_gpt2_spans(data_root)
     attack = ATTACKS.get("dager")()
     tokens = [[50, 51], [52, 53], [54, 55]]

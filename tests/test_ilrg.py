@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.baselines import IDLGExtended, RandomGuess
-from attacks.ilrg import ILRG, ILRGGuarded, official_embeddings
+from attacks.labels.baselines import IDLGExtended, RandomGuess
+from attacks.labels.ilrg import ILRG, ILRGGuarded, official_embeddings
 from bench.data.loading import load_dataset
 from bench.models import build_model, classifier_head
 from bench.protocol.attack import Setting

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.inversion import GradientTarget, Recipe, idlg_labels, invert, label_source, total_variation
+from attacks.gradient.inversion import GradientTarget, Recipe, idlg_labels, invert, label_source, total_variation
 from bench.protocol.view import ServerView
 from bench.protocol.wire import Payload, PlainPart, Upload
 from bench.registry import ATTACKS

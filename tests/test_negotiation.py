@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from attacks.negotiation import split_classes, spread
+from attacks.labels.negotiation import split_classes, spread
 from bench.run.cells import run_group
 from tests.conftest import tiny_suite
 

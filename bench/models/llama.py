@@ -175,7 +175,7 @@ def smollm2_135m_lora(data: Dataset, lora_r: int = 256, lora_alpha: int | None =
     """Only the LoRA matrices train, plus the classification head on classification data. r = 256 is DAGER's;
     targets default to peft's LLaMA choice ["q_proj", "v_proj"], not DAGER's q_proj alone: without a BOS
     token the first query attends only to itself, so q_proj's gradient never holds a sentence's first
-    token, while v_proj's does (attacks/dager_llama.py). Any of q/k/v/o_proj, gate/up/down_proj may be
+    token, while v_proj's does (attacks/dager/llama.py). Any of q/k/v/o_proj, gate/up/down_proj may be
     named. alpha defaults to 2 r, as for gpt2-lora. `lora_layers = k` adapts decoder layers 0..k-1 only
     (0 = all 30): while every B is zero (a first FedSGD step) their gradients equal full LoRA's, since
     an adapter with B = 0 leaves the forward pass unchanged; a smaller upload for attacks that read the

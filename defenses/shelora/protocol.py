@@ -36,8 +36,8 @@ What follows the paper where the code differs (stated here, not copied):
   is a tail slot an earlier swap filled: then the code leaves it in clear (a recorded case in the parity test);
   our blocks take the negotiated list from its start, the code's the tail left to right (same count and widths).
 Remedy against the "server" variant's first-round leak: grad B = -lr G (A0 X)^T travels in clear, and a
-server that drew A0 maps it back to the inputs (attacks/dager.py, lora_path "factor-b"); under "client" it
-knows A0's plaintext columns only (DAGER solves for the k others, attacks/dager_hidden.py).
+server that drew A0 maps it back to the inputs (attacks/dager/attack.py, lora_path "factor-b"); under "client" it
+knows A0's plaintext columns only (DAGER solves for the k others, attacks/dager/hidden.py).
 Server estimate: after the last round the aggregation server holds the plaintext columns' sum (its SVD in
 meta) and rebuilds table 14's masked model; membership attacks use it (Defense.server_estimate), the paper's
 "MIAs based on unencrypted parameters" (appendix F.4).

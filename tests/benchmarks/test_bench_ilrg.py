@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from attacks.baselines import IDLGExtended, RandomGuess
-from attacks.ilrg import ILRG, ILRGGuarded
+from attacks.labels.baselines import IDLGExtended, RandomGuess
+from attacks.labels.ilrg import ILRG, ILRGGuarded
 from bench.data.loading import load_dataset
 from bench.models import build_model, classifier_head
 from bench.protocol.evidence import Evidence, Truth

@@ -3,7 +3,7 @@
 Cosine distance between the dummy and the uploaded gradient plus total variation, minimized by
 Adam on the sign of the input gradient, with the inputs projected into the data box [0, 1] after
 every step and several restarts, the best kept by its gradient distance. Everything runs on the
-entries the server sees (attacks/inversion.py): one cosine over the concatenated visible
+entries the server sees (attacks/gradient/inversion.py): one cosine over the concatenated visible
 entries, so a hidden head only removes terms.
 
 Defaults follow breaching's invertinggradients.yaml: TV scale 0.2 (mean |dx| + mean |dy|),
@@ -16,7 +16,7 @@ iDLG-recovered label.
 """
 from __future__ import annotations
 
-from attacks.inversion import GradientInversion, Recipe
+from attacks.gradient.inversion import GradientInversion, Recipe
 from bench.registry import ATTACKS
 
 

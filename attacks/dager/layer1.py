@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from attacks.dager_arch import Arch
-from attacks.dager_span import Span
+from attacks.dager.arch import Arch
+from attacks.dager.span import Span
 
 MARGIN = 0.05
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import torch
 
-from attacks.dager_arch import Arch
-from attacks.dager_layer1 import layer1_distances
-from attacks.dager_span import Span
+from attacks.dager.arch import Arch
+from attacks.dager.layer1 import layer1_distances
+from attacks.dager.span import Span
 
 MARGIN = 3        # points beyond k that a fit must also hold on
 BEAM = 4          # prefixes kept per step when collecting layer-2 inputs (times the batch size)

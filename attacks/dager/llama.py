@@ -34,13 +34,13 @@ Where this differs from the official code (utils/models.py, filtering_decoder.py
 - The search runs over cached keys/values instead of a full partial forward per candidate
   (same inputs up to float32 rounding, test-checked); candidates and thresholds are the same.
 - q/k/v gradients stacked instead of q_proj's alone (above).
-- A prefix of one repeated token is not extended by that token (attacks/dager_search.py), and
+- A prefix of one repeated token is not extended by that token (attacks/dager/search.py), and
   the search stops once no exact prefix is left; the official loop carries fall-backs on.
 - Rank: singular values above 10 eps sigma_max of the stacked gradient, max over the first ten
   layers, capped at d - rank_cutoff (556 on SmolLM2); the official default is numpy's
-  matrix_rank rule (attacks/dager_span.py says why not).
+  matrix_rank rule (attacks/dager/span.py says why not).
 - The official LoRA path (`range(1, 64, 2)`, the q_proj lora_B gradient of a fine-tuned adapter,
-  span thresholds 0.05) reads grad B in r-space; ours follows attacks/dager_arch.py (grad A when
+  span thresholds 0.05) reads grad B in r-space; ours follows attacks/dager/arch.py (grad A when
   the global B != 0, else grad B through the known A).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ import importlib
 import torch
 from torch import nn
 
-from attacks.dager_layouts import is_lora
+from attacks.dager.layouts import is_lora
 
 
 class LlamaLayout:

@@ -1,6 +1,6 @@
-"""DAGER's GPT-2 and BERT layouts (the LLaMA one is attacks/dager_llama.py): where a transformer's first
+"""DAGER's GPT-2 and BERT layouts (the LLaMA one is attacks/dager/llama.py): where a transformer's first
 layers take their inputs and, for decoders, one position's step through block 0 over cached keys and values
-(attacks/dager_arch.py says why)."""
+(attacks/dager/arch.py says why)."""
 from __future__ import annotations
 
 import torch
@@ -25,7 +25,7 @@ class GPT2Layout:
         return self.core.h[0].ln_1(self.core.wte.weight[rows] + self.core.wpe.weight[position])
 
     def layer1_parts(self) -> tuple[torch.Tensor, torch.Tensor, nn.Module]:
-        """Layer-1 inputs are norm(token rows[t] + position rows[p]) (attacks/dager_layer1.py)."""
+        """Layer-1 inputs are norm(token rows[t] + position rows[p]) (attacks/dager/layer1.py)."""
         return self.core.wte.weight, self.core.wpe.weight, self.core.h[0].ln_1
 
     def token_kv(self, tokens: torch.Tensor, position: int) -> tuple[torch.Tensor, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attacks.inversion import idlg_labels
+from attacks.gradient.inversion import idlg_labels
 from bench.protocol.attack import Attack, Reconstruction, Setting, head_applicable, head_blocked
 from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS

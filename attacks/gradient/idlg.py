@@ -2,13 +2,13 @@
 
 Labels (`label_strategy`): "idlg" reads them from the head's weight gradient with the iDLG rule
 (batch 1: argmin_i sum_j dW_ij, as the official code; larger batches: the "iDLG-extended" rule
-of the iLRG paper, see attacks/inversion.py); "known" takes the labels a scenario grants;
+of the iLRG paper, see attacks/gradient/inversion.py); "known" takes the labels a scenario grants;
 "auto" (default) uses granted labels where there are any and the rule otherwise. With the
 labels granted the attack needs no head: it matches the lower layers the server sees, which is
 how a defense that encrypts only the last layers still leaks the input. Without labels and
 without a visible head it is blocked; `dlg` and `inverting-gradients` optimize the labels.
 
-Image (attacks/inversion.py): dummy inputs ~ N(0, 1), L-BFGS (lr 1, strong-Wolfe line search),
+Image (attacks/gradient/inversion.py): dummy inputs ~ N(0, 1), L-BFGS (lr 1, strong-Wolfe line search),
 squared distance between dummy and uploaded gradient over the visible entries only, `steps`
 outer steps (the official code: 300), stop once the distance is below `tol`, best iterate kept.
 `reconstruct = false` runs the label rule alone.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attacks.inversion import GradientInversion, Recipe, idlg_labels
+from attacks.gradient.inversion import GradientInversion, Recipe, idlg_labels
 from bench.protocol.attack import Reconstruction, Setting, head_applicable, head_blocked
 from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS

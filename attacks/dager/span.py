@@ -33,7 +33,7 @@ class Span:
     rank: int
     transform: torch.Tensor | None = None   # (r, d): candidates are mapped v -> A v first (LoRA grad B)
     coords: torch.Tensor | None = None      # visible input coordinates kept (partial views)
-    hidden: torch.Tensor | None = None      # transform columns the server does not know (attacks/dager_hidden.py)
+    hidden: torch.Tensor | None = None      # transform columns the server does not know (attacks/dager/hidden.py)
 
     def distance(self, v: torch.Tensor) -> torch.Tensor:
         """l2 distance of each unit-normalized row of v (..., d_in) to the span, shape (...)."""

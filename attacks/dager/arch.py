@@ -3,7 +3,7 @@
 Three layouts are known, found by module type rather than by parameter-index lists:
 GPT-2 (the fused attention input projection `attn.c_attn`, input ln_1(wte[t] + wpe[p])),
 BERT (`attention.self.query`, input LayerNorm(word[t] + type[0] + pos[p])) and LLaMA
-(`self_attn.q_proj`, input RMSNorm(embed[t]): position-free, attacks/dager_llama.py). With
+(`self_attn.q_proj`, input RMSNorm(embed[t]): position-free, attacks/dager/llama.py). With
 LoRA on the projection the gradient of A (r x d) = B^T G X^T has rows in the span of the
 inputs whenever the global B != 0 (and A is fully visible); at B = 0 (the LoRA init, so every
 first round) grad A is zero, or pure noise under a noise defense, and we read grad B (d_out x r)
@@ -26,8 +26,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from attacks.dager_layouts import BertLayout, GPT2Layout, is_lora
-from attacks.dager_llama import LlamaLayout
+from attacks.dager.layouts import BertLayout, GPT2Layout, is_lora
+from attacks.dager.llama import LlamaLayout
 
 
 class _Stop(Exception):
@@ -115,7 +115,7 @@ class Arch:
     def coarse_layer2_inputs(self, keys: torch.Tensor, values: torch.Tensor, step: tuple[torch.Tensor, ...],
                              chunk: int = 4096) -> torch.Tensor:
         """next_layer2_inputs with block 0's matrix products in bfloat16 (float32 accumulation, autocast):
-        the search's pre-test (attacks/dager_decoder.py bounds the error); returned as float32."""
+        the search's pre-test (attacks/dager/decoder.py bounds the error); returned as float32."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
             return self.layout.next_layer2_inputs(keys, values, step, chunk, coarse=True).float()
 

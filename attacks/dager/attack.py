@@ -2,10 +2,10 @@
 
 The gradient of the first layers' attention input projections has its rows in the span of
 the layer inputs. The attack estimates that span's rank (singular values above `rank_tol`,
-default sigma_max * 10 * eps: attacks/dager_span.py says why not numpy's rule; the maximum
+default sigma_max * 10 * eps: attacks/dager/span.py says why not numpy's rule; the maximum
 over the first ten layers, capped at width - `rank_cutoff`, plus `fedavg_extra_rank` for a multi-step delta as the official code adds 60), keeps every
 vocabulary token whose layer-1 input lies within `l1_span_thresh` of the layer-1 span at
-each position, then assembles sentences at layer 2 (attacks/dager_layer1.py, dager_decoder.py, dager_search.py). The output
+each position, then assembles sentences at layer 2 (attacks/dager/layer1.py, dager_decoder.py, dager_search.py). The output
 is B sentences, exact ones first. Defaults are the official ones (l1 1e-5, l2 1e-3,
 distinct 0.7, rank_cutoff 20).
 
@@ -13,7 +13,7 @@ Saturation: once the rank reaches the cap, the span holds no room for every true
 its complement is too narrow to push false ones past `l2_span_thresh` (d = 768, B = 32: 20
 directions left; a batch with every sentence passing scored ROUGE-1 0.37). The same holds when
 more than 20,000 prefixes pass layer 2 at one step: the decoder search stops there
-(`saturated_at`, attacks/dager_decoder.py). Such a batch is flagged `saturated`, its `exact`
+(`saturated_at`, attacks/dager/decoder.py). Such a batch is flagged `saturated`, its `exact`
 count is 0 (`passed_l2` keeps how many passed) and the metric saturated_fraction reports the
 share of batches flagged.
 
@@ -32,13 +32,13 @@ are logit-transformed and z-scored; at position 0 tokens below -`std_thresh` sig
 kept, elsewhere the max(50 B, 5 % of the vocabulary) closest; at layer 2 the extensions
 whose mean distance is an outlier below -`std_thresh` sigma (at most B per step) survive.
 
-LoRA (`lora_path`, attacks/dager_arch.py): "auto" reads grad A when the start B is non-zero and the
+LoRA (`lora_path`, attacks/dager/arch.py): "auto" reads grad A when the start B is non-zero and the
 start A is known and fully visible, else grad B; "factor-a" always reads grad A (B^T G X^T: zero while
 B = 0, so a first round from the usual B = 0 init yields nothing; hidden columns of A drop those input
 coordinates); "factor-b" always reads grad B (G (A X)^T) through the A the client started from, as the
 server knows it from everything it holds: the global A it sent, or, where clients draw A themselves and
 the start B is 0, the plaintext columns of the uploaded A; the columns hidden in both are solved for
-(attacks/dager_hidden.py says how and why not dropped; `solved` in the record: candidates the fit holds
+(attacks/dager/hidden.py says how and why not dropped; `solved` in the record: candidates the fit holds
 on per layer, 0 when it could not be confirmed). The two factor paths give the two readings of an attack
 on LoRA that SHE-LoRA's evaluation distinguishes (leaderboards/suites/she-lora-paper.toml).
 
@@ -52,13 +52,13 @@ import time
 
 import torch
 
-from attacks import dager_hidden
-from attacks.dager_arch import Arch
-from attacks.dager_noise import noisy_decoder_search, noisy_layer1_tokens
-from attacks.dager_decoder import decoder_search
-from attacks.dager_layer1 import layer1_tokens
-from attacks.dager_search import assemble, encoder_search
-from attacks.dager_span import make_span, rank_of, spectrum
+from attacks.dager import hidden as dager_hidden
+from attacks.dager.arch import Arch
+from attacks.dager.noise import noisy_decoder_search, noisy_layer1_tokens
+from attacks.dager.decoder import decoder_search
+from attacks.dager.layer1 import layer1_tokens
+from attacks.dager.search import assemble, encoder_search
+from attacks.dager.span import make_span, rank_of, spectrum
 from bench.models import torch_device
 from bench.protocol.attack import Attack, Reconstruction, Setting
 from bench.protocol.evidence import Evidence, metric
@@ -194,7 +194,7 @@ class Dager(Attack):
         t = time.perf_counter()
         stopped = None   # the step where the decoder search stopped for layer-2 saturation
         for i, span in enumerate(spans):   # scalars, so the record keeps them: hidden columns, and candidates the
-            if span.hidden is not None:     # solved columns hold on (0: not solved, see attacks/dager_hidden.py)
+            if span.hidden is not None:     # solved columns hold on (0: not solved, see attacks/dager/hidden.py)
                 extra[f"hidden_columns_l{i + 1}"], extra[f"solved_l{i + 1}"] = len(span.hidden), 0
         if self.noise_filter:
             tokens = noisy_layer1_tokens(arch, spans[0], max_len, drop, knowledge.batch_size, self.std_thresh)

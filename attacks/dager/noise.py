@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from attacks.dager_arch import Arch
-from attacks.dager_layer1 import layer1_distances
-from attacks.dager_search import Sentence, _scores
-from attacks.dager_span import Span
+from attacks.dager.arch import Arch
+from attacks.dager.layer1 import layer1_distances
+from attacks.dager.search import Sentence, _scores
+from attacks.dager.span import Span
 
 
 def _z(dist: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""DAGER's sentence searches at layer 2 (layer 1: attacks/dager_layer1.py).
+"""DAGER's sentence searches at layer 2 (layer 1: attacks/dager/layer1.py).
 
-Decoders (causal): greedy prefix extension, attacks/dager_decoder.py.
+Decoders (causal): greedy prefix extension, attacks/dager/decoder.py.
 
 Encoders (bidirectional): each [SEP] that passes layer 1 at position l fixes a sentence
 of length l + 1; the per-position candidate sets (cut to the top B, DAGER's `maxB`
@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from attacks.dager_arch import Arch
-from attacks.dager_span import Span
+from attacks.dager.arch import Arch
+from attacks.dager.span import Span
 
 Sentence = tuple[list[int], float]   # token ids, mean layer-2 distance
 

@@ -3,7 +3,7 @@
 The paper's attack needs nothing but the shared gradient and the model: it learns soft labels
 (softmax of free logits, the official code's dummy label) together with the inputs, so it runs
 on any view whose visible entries include trainable parameters, head or no head. Shared
-machinery in attacks/inversion.py: squared gradient distance over the visible entries only,
+machinery in attacks/gradient/inversion.py: squared gradient distance over the visible entries only,
 L-BFGS lr 1 with a strong-Wolfe line search (the official code uses plain L-BFGS, which
 diverges on some seeds), N(0, 1) inits, best iterate kept, output clamped to [0, 1].
 
@@ -16,7 +16,7 @@ Choices, stated:
 """
 from __future__ import annotations
 
-from attacks.inversion import GradientInversion, Recipe
+from attacks.gradient.inversion import GradientInversion, Recipe
 from bench.registry import ATTACKS
 
 

@@ -1,0 +1,2 @@
+"""Label recovery: iLRG (exact, from the head's gradient), the iDLG-extended and random-guess reference rows,
+and label leakage from the per-entry maps a client sends while negotiating what to encrypt."""
