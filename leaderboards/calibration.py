@@ -5,7 +5,8 @@ An attack that recovers nothing from a plain upload says nothing about a defense
 scenario an attack's cells yield verdicts (and count toward worst cases, ranks and the front page) only when
 the same attack, with the same parameters, reaches at least the middle band ("partly recovered", "membership
 signal") on the undefended row of that scenario. Which rows are undefended is page info the run stores
-(`undefended`: the defenses that declare `reference_row` and train, bench/run/spec.py), so nothing here names
+(`undefended`: the defense rows, with their parameters, whose uploads carry the trained update unprotected:
+Defense.undefended, bench/run/spec.py), so nothing here names
 a defense. Otherwise the attack's cells read "no verdict" with the undefended row's value as the reason.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from leaderboards.schema import family, schema_of
+from leaderboards.schema import defense_label, family, schema_of
 from leaderboards.verdicts import BANDS, band, worst
 
 BREAKS = ("leak", "partial")   # bands of the undefended row that show the attack works in the scenario
@@ -48,16 +49,16 @@ def calibrate(records: list[dict[str, Any]], info: dict[str, Any],
         mine = [r for r in records if label(r) == att]
         if family(mine[0]) == "reference":
             continue
-        plain = [r for r in mine if r["defense"] in undefended]
+        plain = [r for r in mine if defense_label(r) in undefended]
         if not plain:
             out[att] = Calibration(False, "no undefended row in this scenario to calibrate the attack against")
             continue
         ran = [r for r in plain if r["status"] == "ok"]
         if not ran:
-            out[att] = Calibration(False, f"its undefended row ({plain[0]['defense']}) is {plain[0]['status']}")
+            out[att] = Calibration(False, f"its undefended row ({defense_label(plain[0])}) is {plain[0]['status']}")
             continue
         verdict = worst([record_verdict(r, schema) for r in ran])
-        who = ran[0]["defense"]
+        who = defense_label(ran[0])
         if verdict.level in BREAKS:
             out[att] = Calibration(True, f"{who}: {verdict.text} ({verdict.why})")
         elif verdict.level:

@@ -151,7 +151,7 @@ def _utility(mine, records, info, href) -> list[dict[str, Any]]:
         metric = next((m for m in ("accuracy", "perplexity") if is_number(rec["metrics"].get(m))), None)
         if metric is None:
             continue
-        plain = next((r["metrics"][metric] for r in records if r["scenario"] == s and r["defense"] in undefended
+        plain = next((r["metrics"][metric] for r in records if r["scenario"] == s and defense_label(r) in undefended
                       and is_number(r["metrics"].get(metric))), None)
         out.append({"scenario": s, "metric": metric, "value": rec["metrics"][metric], "plain": plain,
                     "href": href(rec)})

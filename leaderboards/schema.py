@@ -74,3 +74,17 @@ def family(rec: dict[str, Any]) -> str:
     from the honest-but-curious server's, never mixed into them."""
     fam = rec["details"].get("family", "")
     return fam + MALICIOUS if rec["details"].get("threat_model", "passive") != "passive" and fam else fam
+
+
+def defense_label(rec: dict[str, Any]) -> str:
+    return _label(rec["defense"], rec["defense_params"], rec["scenario"])
+
+
+def attack_label(rec: dict[str, Any]) -> str:
+    return _label(rec["attack"], rec["attack_params"], rec["scenario"])
+
+
+def _label(name: str, params: dict[str, Any], scenario: str) -> str:
+    """name(k=v, ...); a parameter given per scenario (a table keyed by scenario names) shows this scenario's value."""
+    shown = {k: (v[scenario] if isinstance(v, dict) and scenario in v else v) for k, v in params.items()}
+    return name + ("(" + ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) + ")" if shown else "")

@@ -29,7 +29,7 @@ from typing import Any
 from leaderboards import cells as C
 from leaderboards.calibration import Calibration, calibrate
 from leaderboards.formats import SELF_UNITS, is_number
-from leaderboards.schema import family, schema_of
+from leaderboards.schema import attack_label, defense_label, family, schema_of
 from leaderboards.usefulness import useless
 from leaderboards.verdicts import BLOCKED, NONE, Verdict, band, worst
 
@@ -42,20 +42,6 @@ RUN_TABS = (("privacy", "runpriv", "run-level privacy"), ("utility", "utility", 
 
 
 _OK = Calibration(True, "")
-
-
-def defense_label(rec: dict[str, Any]) -> str:
-    return _label(rec["defense"], rec["defense_params"], rec["scenario"])
-
-
-def attack_label(rec: dict[str, Any]) -> str:
-    return _label(rec["attack"], rec["attack_params"], rec["scenario"])
-
-
-def _label(name: str, params: dict[str, Any], scenario: str) -> str:
-    """name(k=v, ...); a parameter given per scenario (a table keyed by scenario names) shows this scenario's value."""
-    shown = {k: (v[scenario] if isinstance(v, dict) and scenario in v else v) for k, v in params.items()}
-    return name + ("(" + ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) + ")" if shown else "")
 
 
 def sources(rec: dict[str, Any], who: str) -> dict[str, str]:

@@ -36,6 +36,18 @@ def test_without_an_undefended_row_nothing_is_calibrated():
     assert scenario_table(records, INFO)["rows"][0]["verdict"].text == "no verdict"
 
 
+def test_a_parameterized_row_is_undefended_only_at_its_unprotected_setting():
+    """Flex-LoRA without noise is the LoRA scenarios' undefended row (page info by label); with noise it is judged."""
+    from bench.registry import DEFENSES
+    assert DEFENSES.get("flex-lora")(sigma=0.0).undefended() and not DEFENSES.get("flex-lora")(sigma=0.001).undefended()
+    assert DEFENSES.get("plaintext")().undefended() and not DEFENSES.get("fedhe-full")().undefended()
+    plain, noisy = rec("flex-lora", "dager", rouge1=1.0), rec("flex-lora", "dager", rouge1=0.0)
+    plain["defense_params"], noisy["defense_params"] = {"sigma": 0.0}, {"sigma": 0.001}
+    info = {"undefended": ["flex-lora(sigma=0.0)"], "untrained": []}
+    assert calibrate([plain, noisy], info, attack_label)["dager"].ok
+    assert not calibrate([noisy], info, attack_label)["dager"].ok
+
+
 def test_a_chance_level_defense_ranks_below_a_useful_one_and_is_flagged():
     records = [rec("plain", "idlg", psnr=35.0, accuracy=0.9, test_samples=500),
                rec("useful", "idlg", psnr=20.0, accuracy=0.8, test_samples=500),

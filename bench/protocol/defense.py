@@ -53,6 +53,12 @@ class Defense(Configurable):
     # skips local training and hands encode a zero update instead of spending the run's time on discarded work
     trains: ClassVar[bool] = True
 
+    def undefended(self) -> bool:
+        """True when this instance's uploads carry the trained update unprotected: the row an attack must break
+        in a scenario before its results on other rows give verdicts (leaderboards/calibration.py). A protocol
+        whose protection is a parameter that can be off says so for that setting."""
+        return self.reference_row and self.trains
+
     def applicable(self, setting) -> str | None:
         """Why this defense cannot apply to a scenario at all (e.g. it needs LoRA adapters the model lacks), or
         None. Checked at suite load on the scenario's Setting (bench/protocol/attack.py): a suite's grid shows

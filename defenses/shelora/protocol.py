@@ -376,3 +376,7 @@ class FlexLoRA(SheLoRA):
     def __init__(self, sigma: float = 0.0) -> None:
         super().__init__(budget=0.0, sigma=sigma, init="server")   # Flex-LoRA's server sends the initial adapters
         self.params = {"sigma": sigma}
+
+    def undefended(self) -> bool:
+        """Without noise the server reads every trained factor in the clear: the LoRA scenarios' undefended row."""
+        return self.opt["sigma"] == 0
