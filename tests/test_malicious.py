@@ -84,6 +84,8 @@ def test_a_passive_attack_never_sees_the_modified_model_and_every_record_has_its
     assert records["idlg-extended"]["details"]["threat_model"] == "passive"
     assert records["imprint"]["details"]["threat_model"] == "malicious-model"
     assert records["imprint"]["status"] == "ok" and 0 < records["imprint"]["metrics"]["images_recovered"] <= 1
+    shown = records["imprint"]["details"]["attack_info"][0]   # what the defense left of the planted block
+    assert shown["block_hidden"] == 0.0 and shown["readable_rows"] == shown["rows"] == 16
 
 
 def test_a_malicious_attack_on_a_model_it_cannot_modify_is_refused_at_load(data_root):

@@ -89,6 +89,14 @@ def readable_rows(view: ServerView, whole: bool) -> torch.Tensor:
     return weight & view.visible[BIAS]
 
 
+def exposure(view: ServerView, whole: bool) -> dict[str, float | int]:
+    """What the defense left of the planted block in the clear (the record's details): the fraction of its
+    entries hidden from the server and the number of rows it can read."""
+    seen = int(view.visible[WEIGHT].sum()) + int(view.visible[BIAS].sum())
+    total = view.visible[WEIGHT].numel() + view.visible[BIAS].numel()
+    return {"block_hidden": 1.0 - seen / total, "readable_rows": int(readable_rows(view, whole).sum())}
+
+
 def block_gradients(view: ServerView, knowledge: Knowledge) -> tuple[torch.Tensor, torch.Tensor]:
     """The client's gradient of the block's weight (K, N) and bias (K,), in float64, NaN where hidden."""
     return knowledge.gradient(view, WEIGHT).double(), knowledge.gradient(view, BIAS).double()

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from attacks.server.block import (BIAS, as_batch, block_blocked, block_gradients, block_rows, image_model_applicable,
+from attacks.server.block import (BIAS, as_batch, block_blocked, block_gradients, block_rows, exposure, image_model_applicable,
                                   prepend, readable_rows)
 from bench.protocol.attack import Attack, Reconstruction, Setting
 from bench.protocol.view import Knowledge, ServerView
@@ -112,4 +112,5 @@ class Imprint(Attack):
         images, hits = imprint_read(dw, db, knowledge.global_params[BIAS], readable_rows(view, whole=False),
                                       knowledge.batch_size)
         return Reconstruction(images=as_batch(images, knowledge),
-                              extra={"hits": hits, "rows": int(db.numel()), "recovered_rows": len(images)})
+                              extra={"hits": hits, "rows": int(db.numel()), "recovered_rows": len(images),
+                                     **exposure(view, whole=False)})

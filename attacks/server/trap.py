@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from attacks.server.block import (as_batch, block_blocked, block_gradients, block_rows, image_model_applicable,
+from attacks.server.block import (as_batch, block_blocked, block_gradients, block_rows, exposure, image_model_applicable,
                                   prepend, readable_rows)
 from bench.protocol.attack import Attack, Reconstruction, Setting
 from bench.protocol.view import Knowledge, ServerView
@@ -134,4 +134,5 @@ class TrapWeights(Attack):
         dw, db = block_gradients(view, knowledge)
         images, candidates = trap_read(dw, db, readable_rows(view, whole=True), knowledge.batch_size)
         return Reconstruction(images=as_batch(images, knowledge),
-                              extra={"candidates": candidates, "rows": int(db.numel()), "recovered_rows": len(images)})
+                              extra={"candidates": candidates, "rows": int(db.numel()), "recovered_rows": len(images),
+                                     **exposure(view, whole=True)})

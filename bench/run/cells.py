@@ -129,9 +129,9 @@ def score_cell(cell: Cell, run) -> dict[str, Any]:
                    evidence if i == 0 else None)
     if pooled:
         _score(_pooled(pooled, run_values), per_target, evidence)
-    for rec in recs:   # recovered sentences beside the references scoring matched them to
+    for rec in recs:   # per upload, the attack's scalar facts; recovered sentences beside the references matched
+        info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
         if rec.texts is not None:
-            info.append({k: v for k, v in rec.extra.items() if isinstance(v, (bool, int, float, str))})
             matched, reference = rec.extra.get("_matched", (None, None))
             texts.append({"recovered": list(rec.texts), "matched": matched, "reference": reference})
     run_values["attack_s"] = attack_time / len(targets)
