@@ -7,11 +7,12 @@ value with its 95% interval and the number of attacked uploads, and a link to th
 says "no verdict" where the attack fails on the undefended row of its scenario (leaderboards/calibration.py),
 "n/a" where the defense cannot apply to the scenario (with its declared reason), "blocked by design" where
 the view or protocol prevents the attack. Utility (leaderboards/usefulness.py) and HE cost come from the same
-scenarios; each row counts the applicable attacks it was measured against.
+scenarios; each row counts the applicable attacks it was measured against. An attack run on FedSGD gradients
+and on FedAvg deltas gets a column for each.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from leaderboards.calibration import calibrate, record_verdict
 from leaderboards.formats import interval, is_number, number
@@ -21,6 +22,7 @@ from leaderboards.usefulness import useless
 from leaderboards.verdicts import BANDS, LEVELS, Verdict, worst
 
 GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
+FEDAVG = " · FedAvg update"   # a column of an attack on a local-training delta beside its FedSGD column
 HEADLINE = ("psnr", "lpips", "rouge1", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "label_acc", "lnacc", "leacc")
 FAMILY_HEADLINE = {"audit": ("audited_epsilon",),   # the audit column's headline is its epsilon
                    "image" + MALICIOUS: ("images_recovered",)}
@@ -45,18 +47,32 @@ def _support(rec: dict[str, Any], fam: str, key: str | None) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def _columns(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    labels = list(dict.fromkeys(attack_label(r) for r in records if family(r) not in ("reference", "")))
-    fam = {a: family(next(r for r in records if attack_label(r) == a)) for a in labels}
+def _update(rec: dict[str, Any]) -> str:
+    return ((rec.get("config") or {}).get("scenario") or {}).get("attack_update", "gradient")
+
+
+def _column_of(records: list[dict[str, Any]]) -> Callable[[dict[str, Any]], str]:
+    """Record -> its column: the attack label, split by the upload it read (FedSGD gradient or FedAvg delta) where
+    the same attack ran on both, so the page shows how much of its leakage survives local training."""
+    kinds: dict[str, set[str]] = {}
+    for r in records:
+        kinds.setdefault(attack_label(r), set()).add(_update(r))
+    split = {a for a, k in kinds.items() if len(k) > 1}
+    return lambda r: attack_label(r) + (FEDAVG if attack_label(r) in split and _update(r) == "delta" else "")
+
+
+def _columns(records: list[dict[str, Any]], column_of) -> list[dict[str, Any]]:
+    ids = list(dict.fromkeys(column_of(r) for r in records if family(r) not in ("reference", "")))
+    fam = {c: family(next(r for r in records if column_of(r) == c)) for c in ids}
     order = GRID_FAMILIES + tuple(f + MALICIOUS for f in GRID_FAMILIES)   # the malicious server's columns last
-    labels.sort(key=lambda a: (order.index(fam[a]) if fam[a] in order else len(order), a))
+    ids.sort(key=lambda c: (order.index(fam[c]) if fam[c] in order else len(order), c))
     schema = schema_of(records)
     cols = []
-    for a in labels:
-        mine = [r for r in records if attack_label(r) == a]
-        key = _headline(mine, fam[a])
-        cols.append({"attack": a, "name": mine[0]["attack"], "params": a[len(mine[0]["attack"]):],
-                     "family": fam[a], "key": key, "shown": schema.get(key),
+    for c in ids:
+        mine = [r for r in records if column_of(r) == c]
+        key, a = _headline(mine, fam[c]), attack_label(mine[0])
+        cols.append({"id": c, "attack": a, "name": mine[0]["attack"], "params": a[len(mine[0]["attack"]):],
+                     "update": c[len(a):].strip(" ·"), "family": fam[c], "key": key, "shown": schema.get(key),
                      "scenarios": list(dict.fromkeys(r["scenario"] for r in mine)),
                      "sources": sources(mine[0], "attack")})
     return cols
@@ -91,7 +107,8 @@ def _cell(recs: list[dict[str, Any]], col: dict[str, Any], cal: dict, schema, hr
 def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
     """The core grid of one output directory (`name`, linked relative to the front page)."""
     schema = schema_of(records)
-    columns = _columns(records)
+    column_of = _column_of(records)
+    columns = _columns(records, column_of)
     scenarios = list(dict.fromkeys(r["scenario"] for r in records))
     cal = {s: calibrate([r for r in records if r["scenario"] == s], info, attack_label) for s in scenarios}
     flat = {s: useless([r for r in records if r["scenario"] == s], info, s, defense_label) for s in scenarios}
@@ -108,7 +125,7 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
             continue   # the untrained model is a yardstick of utility, not a defense
         cells, measured, applicable = [], 0, 0
         for col in columns:
-            recs = [r for r in mine if attack_label(r) == col["attack"]]
+            recs = [r for r in mine if column_of(r) == col["id"]]
             reasons = [na[s][d] for s in col["scenarios"] if d in na.get(s, {})]
             if recs:
                 cells.append(_cell(recs, col, cal, schema, href))

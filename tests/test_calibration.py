@@ -108,6 +108,19 @@ def test_the_core_grid_counts_coverage_and_shows_every_symbol():
     assert "no LoRA adapters" in lora["cells"][0]["verdict"].why and lora["verdict"].text == "n/a"
 
 
+def test_an_attack_on_fedsgd_and_fedavg_uploads_gets_a_column_for_each():
+    def on(update, *args, **metrics):
+        r = rec(*args, scenario=update, **metrics)
+        r["config"] = {"scenario": {"attack_update": update}}
+        return r
+    records = [on("gradient", "plain", "ilrg", label_acc=1.0), on("gradient", "mask", "ilrg", label_acc=0.0),
+               on("delta", "plain", "ilrg", label_acc=0.9), on("delta", "mask", "ilrg", label_acc=0.6)]
+    core = grid("core", records, INFO)
+    assert [(c["attack"], c["update"]) for c in core["columns"]] == [("ilrg", ""), ("ilrg", "FedAvg update")]
+    mask = next(r for r in core["rows"] if r["name"] == "mask")["cells"]
+    assert [c["verdict"].level for c in mask] == ["resisted", "partial"]   # leakage after local training, apart
+
+
 def test_paper_rows_say_who_reported_and_whether_ours_agrees():
     from leaderboards.paper import check_paper, paper_rows
     import pytest
