@@ -6,6 +6,9 @@ or below it), or when its perplexity is no better than the untrained model's in 
 never ranks above a useful one and is never called the best of anything. Chance accuracy and the test-set size
 come from the record (`chance_accuracy`, `test_samples`) or, for records computed before they were stored, from
 the page info (`chance`); without the test-set size the accuracy is compared with chance + 0.05.
+
+A scenario whose undefended row itself has no utility (one FedSGD step on a text model, scored on a few test
+sentences) does not measure utility: nothing there is flagged, since it would flag every row alike.
 """
 from __future__ import annotations
 
@@ -54,6 +57,10 @@ def useless(records: list[dict[str, Any]], info: dict[str, Any], scenario: str,
             if r["defense"] in untrained_names and is_number(r["metrics"].get("perplexity"))]
     untrained = min(base) if base else None
     chance = (info.get("chance") or {}).get(scenario)
+    undefended = set(info.get("undefended") or ())
+    plain = [r for r in records if label(r) in undefended and r["status"] != "diverged"]
+    if plain and all(no_utility(r, chance, untrained) for r in plain):
+        return {}   # the scenario does not measure utility: its undefended model is no better than chance
     out: dict[str, str] = {}
     for rec in records:
         if rec["defense"] in untrained_names:

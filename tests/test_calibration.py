@@ -60,6 +60,16 @@ def test_a_chance_level_defense_ranks_below_a_useful_one_and_is_flagged():
     assert next(r for r in table["rows"] if r["defense"] == "useful")["no_utility"] == ""
 
 
+def test_a_scenario_whose_undefended_row_is_at_chance_flags_nothing():
+    from leaderboards.tables import defense_label
+    from leaderboards.usefulness import useless
+    records = [rec("plain", "dager", rouge1=1.0, accuracy=0.5, test_samples=16, chance_accuracy=0.5),
+               rec("he", "dager", rouge1=0.0, accuracy=0.5, test_samples=16, chance_accuracy=0.5)]
+    assert useless(records, INFO, "s", defense_label) == {}
+    records[0]["metrics"]["accuracy"] = 1.0                           # now the scenario measures utility
+    assert set(useless(records, INFO, "s", defense_label)) == {"he"}
+
+
 def test_no_utility_reads_the_interval_perplexity_and_divergence():
     low, high = wilson(0.12, 500)
     assert low < 0.1 < high
