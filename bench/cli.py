@@ -143,6 +143,11 @@ def _run(args) -> int:
         say(f"suite {suite.name}: {summary.seeded} cell(s) seeded from {args.out}/results.json")
     if summary.reused:
         say(f"suite {suite.name}: {summary.reused} cell(s) copied from --reuse")
+    if summary.retired:   # said, never silent: a resumed leaderboard would otherwise lose rows unnoticed
+        leave = "would leave" if args.dry_run else "leave"
+        print(f"leakbench: note: {summary.retired} stored record(s) of suite {suite.name} match no cell of the suite "
+              f"as it stands (its scenarios or their schema changed since): its pages {leave} them out and the "
+              f"store keeps them; run the whole suite to recompute them", file=sys.stderr)
     if args.dry_run:
         for label, state in summary.plan:
             say(f"{'skip (done)' if state == 'done' else 'run (' + state + ')':14s} {label}")

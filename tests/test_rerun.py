@@ -175,3 +175,20 @@ def test_a_broken_export_is_refused_before_anything_is_written(tmp_path, capsys,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fault in err and "results.json" in err
     assert not (tmp_path / "leakbench.sqlite").exists()
+
+
+def test_records_the_suite_no_longer_holds_are_named_not_dropped_silently(tmp_path):
+    """A suite whose scenario changed leaves its old cells out of the pages, says how many, and keeps them stored."""
+    suite = tiny_suite(["plaintext"], ["random-guess"])
+    assert run_suite(suite, tmp_path).ok == 1
+    changed = tiny_suite(["plaintext"], ["random-guess"], lr=0.05)
+    assert changed.name == suite.name and changed.cells[0].cell_id != suite.cells[0].cell_id
+    assert run_suite(changed, tmp_path, dry_run=True).retired == 1
+    summary = run_suite(changed, tmp_path)
+    assert (summary.ok, summary.retired) == (1, 1)
+    store = Store(tmp_path / "leakbench.sqlite")
+    try:
+        assert store.members(suite.name) == [changed.cells[0].cell_id]
+        assert store.finished(suite.cells[0].cell_id)   # kept in the store
+    finally:
+        store.close()

@@ -51,6 +51,7 @@ class RunSummary:
     diverged: int = 0                                # the group's training diverged (an outcome, exit 0)
     seeded: int = 0                                  # cells a new store took from the export beside it
     reused: int = 0                                  # cells copied from another output directory (--reuse)
+    retired: int = 0                                 # stored cells of the suite no cell of it matches any more
 
     @property
     def exit_code(self) -> int:
@@ -256,10 +257,12 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     pending = [g for g in _group(chosen) if any(states[c.cell_id] != "done" for c in g)]
     stale = sum(states[c.cell_id] == "stale" for g in pending for c in g)
     skipped = len(chosen) - sum(len(g) for g in pending)
+    members = membership(suite, store.suite_info(suite.name))
+    retired = len(set(store.members(suite.name)) - set(members[0]))
     if dry_run:
         store.close()
         rerun = {c.cell_id for g in pending for c in g}   # a done cell of a pending group reruns with it
-        return RunSummary(0, 0, 0, skipped, stale, seeded=seeded, reused=reused, plan=tuple(
+        return RunSummary(0, 0, 0, skipped, stale, seeded=seeded, reused=reused, retired=retired, plan=tuple(
             (c.label, "group" if states[c.cell_id] == "done" and c.cell_id in rerun else states[c.cell_id])
             for c in chosen))
     try:   # started only when there is work: a local Ray costs seconds
@@ -267,7 +270,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     except BaseException:
         store.close()
         raise
-    store.set_membership(suite.name, *membership(suite, store.suite_info(suite.name)))
+    store.set_membership(suite.name, *members)
     counts = {"ok": 0, "blocked": 0, "diverged": 0, "failed": 0, "skipped": skipped}
     failures: list[tuple[str, str]] = []
     bar = progress(total=sum(len(g) for g in pending), desc=f"suite {suite.name}", unit="cell") if progress else None
@@ -290,7 +293,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         if own and pool is not None:
             pool.close()
     return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"], stale, tuple(failures),
-                      diverged=counts["diverged"], seeded=seeded, reused=reused)
+                      diverged=counts["diverged"], seeded=seeded, reused=reused, retired=retired)
 
 
 __all__ = ["run_suite", "RunSummary", "selected", "select"]

@@ -88,6 +88,11 @@ class Store:
             for pos, cid in enumerate(cell_ids):
                 self._db.execute("INSERT OR REPLACE INTO membership VALUES (?, ?, ?)", (suite, cid, pos))
 
+    def members(self, suite: str) -> list[str]:
+        """The cell ids that make up a suite's leaderboard now."""
+        return [r[0] for r in self._db.execute("SELECT cell_id FROM membership WHERE suite=? ORDER BY position",
+                                                (suite,))]
+
     def set_info(self, suite: str, info: dict[str, Any]) -> None:
         """The suite's page info alone (cells run one at a time keep their membership)."""
         with self._tx():
