@@ -89,9 +89,9 @@ class Store:
                 self._db.execute("INSERT OR REPLACE INTO membership VALUES (?, ?, ?)", (suite, cid, pos))
 
     def members(self, suite: str) -> list[str]:
-        """The cell ids that make up a suite's leaderboard now."""
-        return [r[0] for r in self._db.execute("SELECT cell_id FROM membership WHERE suite=? ORDER BY position",
-                                                (suite,))]
+        """The stored cells that make up a suite's leaderboard now (a member not computed yet is left out)."""
+        return [r[0] for r in self._db.execute("SELECT m.cell_id FROM membership m JOIN cells c USING (cell_id) "
+                                                "WHERE m.suite=? ORDER BY m.position", (suite,))]
 
     def set_info(self, suite: str, info: dict[str, Any]) -> None:
         """The suite's page info alone (cells run one at a time keep their membership)."""
