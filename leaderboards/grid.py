@@ -136,6 +136,9 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
                 cells.append({"kind": "missing", "verdict": Verdict("", "not run", "this cell was not computed"),
                               "sort": ""})
                 applicable += 1
+        for prev, cell in zip(cells, cells[1:]):   # a reason the cell to its left gave is not spelled out again
+            cell["repeat"] = (cell["kind"] in ("na", "blocked", "uncal") and prev["kind"] == cell["kind"]
+                              and prev["verdict"].why == cell["verdict"].why)
         no_util = "; ".join(f"{s}: {flat[s][d]}" for s in scenarios if d in flat[s])
         rows.append({"name": d, "defense": mine[0]["defense"] if mine else d,
                      "sources": sources(mine[0], "defense") if mine else {},
