@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from leaderboards.schema import defense_label, family, schema_of
-from leaderboards.verdicts import BANDS, band, worst
+from leaderboards.schema import MALICIOUS, defense_label, family, schema_of
+from leaderboards.verdicts import BANDS, IMAGE, LABELS, MEMBERSHIP, TEXT, band, worst
 
 BREAKS = ("leak", "partial")   # bands of the undefended row that show the attack works in the scenario
+FAMILY_BANDS = {"image": IMAGE, "text": TEXT, "membership": MEMBERSHIP, "audit": MEMBERSHIP, "label": LABELS}
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,12 @@ class Calibration:
 
 
 def record_verdict(rec: dict[str, Any], schema):
-    """The most severe band over the record's banded metrics."""
-    return worst([band(k, v, schema[k].lower_is_better, rec["details"])
-                  for k, v in rec["metrics"].items() if k in BANDS and k in schema])
+    """The most severe band over the record's banded metrics of its attack's family (an image attack is judged
+    on its images, not on the labels it also recovers), or over all of them where it has none of its family's."""
+    keys = [k for k in rec["metrics"] if k in BANDS and k in schema]
+    words = FAMILY_BANDS.get(family(rec).removesuffix(MALICIOUS))
+    own = [k for k in keys if BANDS[k].words == words]
+    return worst([band(k, rec["metrics"][k], schema[k].lower_is_better, rec["details"]) for k in own or keys])
 
 
 def calibrate(records: list[dict[str, Any]], info: dict[str, Any],

@@ -18,7 +18,7 @@ from leaderboards.calibration import calibrate, record_verdict
 from leaderboards.formats import interval, is_number, number
 from leaderboards.schema import MALICIOUS, family, schema_of
 from leaderboards.tables import FAMILY_ORDER, attack_label, defense_label, sources
-from leaderboards.usefulness import useless
+from leaderboards.usefulness import measures_utility, useless
 from leaderboards.verdicts import BANDS, LEVELS, Verdict, worst
 
 GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
@@ -72,7 +72,7 @@ def _columns(records: list[dict[str, Any]], column_of) -> list[dict[str, Any]]:
         mine = [r for r in records if column_of(r) == c]
         key, a = _headline(mine, fam[c]), attack_label(mine[0])
         cols.append({"id": c, "attack": a, "name": mine[0]["attack"], "params": a[len(mine[0]["attack"]):],
-                     "update": c[len(a):].strip(" ·"), "family": fam[c], "key": key, "shown": schema.get(key),
+                     "upload": c[len(a):].strip(" ·"), "family": fam[c], "key": key, "shown": schema.get(key),
                      "scenarios": list(dict.fromkeys(r["scenario"] for r in mine)),
                      "sources": sources(mine[0], "attack")})
     return cols
@@ -112,6 +112,8 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
     scenarios = list(dict.fromkeys(r["scenario"] for r in records))
     cal = {s: calibrate([r for r in records if r["scenario"] == s], info, attack_label) for s in scenarios}
     flat = {s: useless([r for r in records if r["scenario"] == s], info, s, defense_label) for s in scenarios}
+    judged = {s for s in scenarios if measures_utility([r for r in records if r["scenario"] == s], info, s,
+                                                       defense_label)}
     na = info.get("not_applicable") or {}
     untrained = set(info.get("untrained") or ())
 
@@ -147,7 +149,8 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
                                        if r["details"].get("key_topology")), ""),
                      "verdict": worst([c["verdict"] for c in cells if c["kind"] in ("ok", "blocked")])
                      if measured else Verdict("", "n/a" if not applicable else "not run", ""),
-                     "utility": _utility(mine, records, info, href), "he": _he(mine, href)})
+                     "utility": _utility([r for r in mine if r["scenario"] in judged], records, info, href),
+                     "he": _he(mine, href)})
     rows.sort(key=lambda r: (bool(r["no_utility"]), LEVELS.index(r["verdict"].level)
                              if r["verdict"].level in LEVELS else len(LEVELS), r["name"]))
     families = []
@@ -161,7 +164,8 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
 
 
 def _utility(mine, records, info, href) -> list[dict[str, Any]]:
-    """Per core scenario: the row's accuracy (else perplexity) beside the undefended row's."""
+    """Per core scenario that measures utility: the row's accuracy (else perplexity) beside the undefended row's,
+    the largest loss first."""
     undefended = set(info.get("undefended") or ())
     out = []
     for s in dict.fromkeys(r["scenario"] for r in mine):
@@ -173,9 +177,10 @@ def _utility(mine, records, info, href) -> list[dict[str, Any]]:
             continue
         plain = next((r["metrics"][metric] for r in records if r["scenario"] == s and defense_label(r) in undefended
                       and is_number(r["metrics"].get(metric))), None)
+        loss = 0.0 if plain is None else (plain - rec["metrics"][metric]) * (1 if metric == "accuracy" else -1)
         out.append({"scenario": s, "metric": metric, "value": rec["metrics"][metric], "plain": plain,
-                    "href": href(rec)})
-    return out
+                    "href": href(rec), "loss": loss})
+    return sorted(out, key=lambda u: -u["loss"])
 
 
 def _he(mine, href) -> dict[str, Any] | None:

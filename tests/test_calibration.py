@@ -30,6 +30,16 @@ def test_an_attack_that_fails_on_the_undefended_row_gives_no_verdict():
     assert next(r for r in scenario_table(records)["rows"] if r["defense"] == "mask")["verdict"].level == "resisted"
 
 
+def test_an_image_attack_is_calibrated_and_judged_on_its_images_not_its_labels():
+    records = [rec("plain", "inverting-gradients", psnr=12.0, label_acc=1.0),
+               rec("mask", "inverting-gradients", psnr=11.0, label_acc=1.0)]
+    assert not calibrate(records, INFO, attack_label)["inverting-gradients"].ok   # labels alone do not calibrate it
+    records[0]["metrics"]["psnr"] = 35.0
+    cell = grid("core", records, INFO)["rows"]
+    mask = next(r for r in cell if r["name"] == "mask")["cells"][0]
+    assert mask["verdict"].text == "image not recovered"
+
+
 def test_without_an_undefended_row_nothing_is_calibrated():
     records = [rec("mask", "idlg", psnr=35.0, accuracy=0.85)]
     assert not calibrate(records, INFO, attack_label)["idlg"].ok
@@ -126,7 +136,7 @@ def test_an_attack_on_fedsgd_and_fedavg_uploads_gets_a_column_for_each():
     records = [on("gradient", "plain", "ilrg", label_acc=1.0), on("gradient", "mask", "ilrg", label_acc=0.0),
                on("delta", "plain", "ilrg", label_acc=0.9), on("delta", "mask", "ilrg", label_acc=0.6)]
     core = grid("core", records, INFO)
-    assert [(c["attack"], c["update"]) for c in core["columns"]] == [("ilrg", ""), ("ilrg", "FedAvg update")]
+    assert [(c["attack"], c["upload"]) for c in core["columns"]] == [("ilrg", ""), ("ilrg", "FedAvg update")]
     mask = next(r for r in core["rows"] if r["name"] == "mask")["cells"]
     assert [c["verdict"].level for c in mask] == ["resisted", "partial"]   # leakage after local training, apart
 
