@@ -37,25 +37,35 @@ _pool: ProcessPoolExecutor | None = None
 _pool_key: tuple[int, int] | None = None   # (pid that started it, its size)
 
 
-def he_workers() -> int:
-    """Worker processes for HE chunks: 1 in a multiprocessing child, else LEAKBENCH_HE_WORKERS, else the
-    cores this process may use."""
-    raw = os.environ.get(WORKERS_ENV, "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"{WORKERS_ENV} must be an integer >= 1, got {raw!r}")
-    if multiprocessing.parent_process() is not None:
-        return 1
-    if raw:
-        return n
+def env_count(name: str) -> int | None:
+    """A count set in the environment variable `name` (None when unset); a bad one is a one-line ValueError."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {raw!r}")
+    return n
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def he_workers() -> int:
+    """Worker processes for HE chunks: 1 in a multiprocessing child, else LEAKBENCH_HE_WORKERS, else the
+    cores this process may use."""
+    n = env_count(WORKERS_ENV)   # checked even in a child, so a bad value fails everywhere alike
+    if multiprocessing.parent_process() is not None:
+        return 1
+    return n or usable_cores()
 
 
 def _executor(workers: int) -> ProcessPoolExecutor:

@@ -16,31 +16,15 @@ and 42.5 s), where OpenMP's threads wait at every barrier for a preempted siblin
 """
 from __future__ import annotations
 
-import os
+from bench.crypto.parallel import env_count, usable_cores
 
 ENV = "LEAKBENCH_THREADS"
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:   # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def threads_for(processes: int, cores: int | None = None) -> int:
     """Threads for each of `processes` computing side by side on `cores` (default: the usable cores), or
     LEAKBENCH_THREADS; a bad override is a one-line ValueError."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"{ENV} must be an integer >= 1, got {raw!r}")
-        return n
-    return max(1, (cores or usable_cores()) // max(1, processes))
+    return env_count(ENV) or max(1, (cores or usable_cores()) // max(1, processes))
 
 
 def share_cores(processes: int, cores: int | None = None) -> int:
