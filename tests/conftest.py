@@ -11,13 +11,26 @@ TINY_SCENARIO = {"name": "tiny", "dataset": "digits", "model": "mlp", "num_clien
                  "rounds": 1, "max_train": 120, "max_test": 60, "seed": 0}
 
 
-def tiny_scenarios_toml(seeds: int = 3) -> str:
-    """[[scenarios]] tables tiny-0 .. tiny-{seeds-1}: independent groups for the runner's concurrency tests."""
+# plaintext and FedHE-Full against two cheap label attacks: the grid the executor tests run on tiny scenarios
+EXECUTOR_GRID = """
+[[defenses]]
+name = "plaintext"
+[[defenses]]
+name = "fedhe-full"
+[[attacks]]
+name = "idlg-extended"
+[[attacks]]
+name = "random-guess"
+"""
+
+
+def tiny_scenarios_toml(seeds: int = 3, prefix: str = "tiny", dataset: str = "digits", model: str = "mlp") -> str:
+    """[[scenarios]] tables {prefix}-0 .. {prefix}-{seeds-1}: independent groups for the runner's concurrency tests."""
     return "".join(f"""
 [[scenarios]]
-name = "tiny-{seed}"
-dataset = "digits"
-model = "mlp"
+name = "{prefix}-{seed}"
+dataset = "{dataset}"
+model = "{model}"
 num_clients = 2
 clients_per_round = 2
 rounds = 1

@@ -21,21 +21,12 @@ from bench.run.executors import Job, LocalExecutor, ProcessExecutor, RayExecutor
 from bench.run.runner import run_suite
 from bench.run.spec import load_suite
 from bench.run.store import Store
-from tests.conftest import tiny_scenarios_toml
+from tests.conftest import EXECUTOR_GRID, tiny_scenarios_toml
 from tests.test_reproducible import assert_same, comparable
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = 3
-SUITE = tiny_scenarios_toml(SEEDS) + """
-[[defenses]]
-name = "plaintext"
-[[defenses]]
-name = "fedhe-full"
-[[attacks]]
-name = "idlg-extended"
-[[attacks]]
-name = "random-guess"
-"""
+SUITE = tiny_scenarios_toml(SEEDS) + EXECUTOR_GRID
 
 
 @pytest.fixture(scope="module")

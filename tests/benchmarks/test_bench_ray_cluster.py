@@ -24,35 +24,15 @@ from bench.run.executors import Job, RayExecutor
 from bench.run.runner import run_suite
 from bench.run.spec import load_suite
 from bench.run.store import Store
+from tests.conftest import EXECUTOR_GRID, tiny_scenarios_toml
 from tests.test_reproducible import assert_same, comparable
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _suite(tmp_path: Path, seeds: int) -> Path:
-    scenarios = "".join(f"""
-[[scenarios]]
-name = "mnist-{seed}"
-dataset = "mnist"
-model = "mlp-tiny"
-num_clients = 2
-clients_per_round = 2
-rounds = 1
-max_train = 60
-max_test = 30
-seed = {seed}
-""" for seed in range(seeds))
     path = tmp_path / "cluster.toml"
-    path.write_text('name = "cluster"\n' + scenarios + """
-[[defenses]]
-name = "plaintext"
-[[defenses]]
-name = "fedhe-full"
-[[attacks]]
-name = "idlg-extended"
-[[attacks]]
-name = "random-guess"
-""")
+    path.write_text('name = "cluster"\n' + tiny_scenarios_toml(seeds, "mnist", "mnist", "mlp-tiny") + EXECUTOR_GRID)
     return path
 
 
