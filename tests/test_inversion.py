@@ -111,6 +111,22 @@ def test_inverting_gradients_recovers_an_image_and_restarts_keep_the_best():
     assert score_images(rec.images, t.truth.x)["psnr"] > blank + 3.0
 
 
+def test_unrolled_target_replays_the_clients_local_steps():
+    """A FedAvg update of three local steps on one image: replaying the steps matches it exactly at the true
+    image; the single-gradient reading of the same update does not, and IG's default replays them."""
+    t = _target(attack_update="delta", local_epochs=3, batch_size=1)
+    assert t.knowledge.local_steps == 3 and t.knowledge.local_batch_size == 1
+    unrolled, single = GradientTarget(t.view, t.knowledge, unroll=True), GradientTarget(t.view, t.knowledge)
+    assert (unrolled.steps, single.steps) == (3, 1)
+    exact = float(unrolled.distance(unrolled.gradients(t.truth.x, t.truth.y), "l2").detach())
+    approx = float(single.distance(single.gradients(t.truth.x, t.truth.y), "l2").detach())
+    assert exact < 1e-10 < approx and exact < approx * 1e-4
+    rec = ATTACKS.get("inverting-gradients")(steps=2, restarts=1).run(t.view, t.knowledge, seed=0)
+    assert rec.extra["replayed_steps"] == 3
+    plain = _target()   # FedSGD: nothing to replay
+    assert GradientTarget(plain.view, plain.knowledge, unroll=True).steps == 1
+
+
 @pytest.mark.parametrize("name", ["dlg", "inverting-gradients", "idlg"])
 def test_blocked_only_by_an_empty_view_or_unknown_weights(name):
     attack = ATTACKS.get(name)()

@@ -4,7 +4,11 @@ All three optimize dummy inputs until the gradient they produce at the server's 
 global model matches the client's upload. What they share lives here, once:
 
 - Target: the client's gradient (knowledge.gradient: -update / (lr * local steps)) on exactly
-  the entries the server sees. Hidden entries are unknown; they are zero in the target, masked
+  the entries the server sees. On a FedAvg update (several local steps) a recipe with `unroll`
+  replays the client's local SGD on the dummy batch, differentiably, and matches the update it
+  produces (Geiping et al. 2020, section 6; inversefed's `loss_steps`): mini-batches of the
+  protocol's local batch size in order, so one local epoch is matched exactly up to the order of
+  the dummies, more epochs are matched as if the client did not reshuffle. Hidden entries are unknown; they are zero in the target, masked
   out of every distance and never read, so a view that hides the head still yields a loss over
   the lower layers. Only trainable parameters are matched (buffers drift, they have no gradient).
 - Objectives: the squared Euclidean distance (DLG, iDLG) and one cosine distance over the
@@ -119,9 +123,10 @@ def image_blocked(view: ServerView, knowledge: Knowledge) -> str | None:
 # ---------------------------------------------------------------------------------- target
 
 class GradientTarget:
-    """The server's copy of the model and the client's gradient on the visible entries."""
+    """The server's copy of the model and the client's gradient on the visible entries; with `unroll`, a
+    FedAvg update is matched by replaying the client's local steps (`steps` > 1)."""
 
-    def __init__(self, view: ServerView, knowledge: Knowledge) -> None:
+    def __init__(self, view: ServerView, knowledge: Knowledge, unroll: bool = False) -> None:
         self.model = knowledge.build_model()
         self.device = torch_device.device(self.model)
         state = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
@@ -137,11 +142,26 @@ class GradientTarget:
         self.targets = [torch.where(m, knowledge.gradient(view, n).to(self.device), torch.zeros((), device=self.device))
                         for n, m in zip(self.names, self.masks)]
         self.target_norm = torch.sqrt(sum(t.pow(2).sum() for t in self.targets))
+        self.steps = knowledge.local_steps if unroll and knowledge.update_kind == "delta" else 1
+        self.lr, self.step_batch = knowledge.lr, knowledge.local_batch_size or knowledge.batch_size
 
     def gradients(self, x: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
-        """Gradients of the mean cross-entropy at the dummy batch (labels: indices or probabilities)."""
-        loss = F.cross_entropy(self.model(x), labels)
-        return list(torch.autograd.grad(loss, self.params, create_graph=True))
+        """Gradients of the mean cross-entropy at the dummy batch (labels: indices or probabilities); over
+        several local steps, the replayed update as a gradient, (w_0 - w_K) / (lr K), the scale of the target."""
+        if self.steps == 1:
+            loss = F.cross_entropy(self.model(x), labels)
+            return list(torch.autograd.grad(loss, self.params, create_graph=True))
+        start = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        weights = dict(start)
+        buffers = {n: b.clone() for n, b in self.model.named_buffers()}
+        chunks = -(-x.shape[0] // self.step_batch)
+        for step in range(self.steps):
+            part = slice((step % chunks) * self.step_batch, (step % chunks + 1) * self.step_batch)
+            out = torch.func.functional_call(self.model, {**weights, **buffers}, (x[part],))
+            grads = torch.autograd.grad(F.cross_entropy(out, labels[part]), list(weights.values()),
+                                        create_graph=True, allow_unused=True)
+            weights = {n: w if g is None else w - self.lr * g for (n, w), g in zip(weights.items(), grads)}
+        return [(start[n] - weights[n]) / (self.lr * self.steps) for n in self.names]
 
     def distance(self, grads: list[torch.Tensor], objective: str) -> torch.Tensor:
         """Squared distance or cosine distance over the visible entries only."""
@@ -172,6 +192,7 @@ class Recipe:
     tv: float = 0.0
     restarts: int = 1
     tol: float = 0.0
+    unroll: bool = False      # match a FedAvg update by replaying the client's local steps
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES or self.optimizer not in OPTIMIZERS:
@@ -286,7 +307,7 @@ class GradientInversion(Attack):
     def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
         source, _ = self.labels_from(view, knowledge)
         labels = read_labels(source, view, knowledge)
-        target = GradientTarget(view, knowledge)
+        target = GradientTarget(view, knowledge, self.recipe.unroll)
         result = invert(target, self.recipe, tuple(knowledge.input_shape),
                         knowledge.batch_size, knowledge.num_classes, labels, seed)
         if source == "idlg":   # the rule recovers which classes exist, one each
@@ -295,7 +316,7 @@ class GradientInversion(Attack):
             counts = np.bincount(result.labels, minlength=knowledge.num_classes)
         return Reconstruction(label_counts=counts, labels=result.labels, images=result.images,
                               extra={"grad_loss": result.distance, "steps": result.steps, "label_source": source,
-                                     "matched_parameters": len(target.names)})
+                                     "matched_parameters": len(target.names), "replayed_steps": target.steps})
 
 
 __all__ = ["GradientInversion", "GradientTarget", "Inversion", "Recipe", "idlg_labels", "image_applicable", "image_blocked", "invert", "label_source",

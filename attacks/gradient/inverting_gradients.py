@@ -12,7 +12,9 @@ cosine scoring of restarts. Its 24,000 iterations and one trial suit a GPU and I
 inputs; the default here is `steps = 4000`, `restarts = 2` (the paper reports restarts as part
 of the method), and suites that run on two CPU cores set fewer. Labels as in DLG: granted >
 iDLG rule on a visible head > optimized jointly (`label_strategy`); the paper assumes the
-iDLG-recovered label.
+iDLG-recovered label. On a FedAvg update (`attack_update = "delta"`) it replays the client's local
+steps by default (`unroll`, the paper's section 6 "multiple local steps"); `unroll = False` matches
+the update as one averaged gradient instead.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ class InvertingGradients(GradientInversion):
     links = {"paper": "https://arxiv.org/abs/2003.14053", "code": "https://github.com/JonasGeiping/invertinggradients"}
 
     def __init__(self, steps: int = 4000, restarts: int = 2, lr: float = 0.1, tv: float = 0.2,
-                 label_strategy: str = "auto") -> None:
+                 label_strategy: str = "auto", unroll: bool = True) -> None:
         super().__init__(Recipe(objective="cosine", optimizer="adam", steps=steps, lr=lr, signed=True, boxed=True,
-                                tv=tv, restarts=restarts), label_strategy,
-                         steps=steps, restarts=restarts, lr=lr, tv=tv)
+                                tv=tv, restarts=restarts, unroll=unroll), label_strategy,
+                         steps=steps, restarts=restarts, lr=lr, tv=tv, unroll=unroll)

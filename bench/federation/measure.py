@@ -26,6 +26,7 @@ def server_knowledge(sc: Scenario, data, model: torch.nn.Module, params: dict[st
     return Knowledge(task=data.task, model_name=sc.model, model_params=dict(sc.model_params), global_params=params,
                      num_classes=data.num_classes, input_shape=tuple(data.input_shape),
                      batch_size=sc.attack_batch_size, lr=sc.lr, update_kind=sc.attack_update, local_steps=steps,
+                     local_batch_size=sc.batch_size,
                      head=head, vocab_size=data.vocab_size, tokenizer=data.tokenizer, build_model=new_model,
                      uploads_weights=uploads_weights, delta=sc.delta)
 

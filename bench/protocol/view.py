@@ -96,6 +96,7 @@ class Knowledge:
     canary: "Canary | None" = None             # the auditor's canary, in a scenario that runs canary trials
     public_x: torch.Tensor | None = field(default=None, repr=False)   # public inputs of the task's distribution
     # (held-out images), given only to a malicious-model attack's modify_model to tune what it sends
+    local_batch_size: int | None = None        # the clients' local mini-batch size (FedAvg: the server sets it)
 
     def knows_global_model(self) -> bool:
         return all(not torch.isnan(p).any() for p in self.global_params.values())
