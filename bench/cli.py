@@ -143,6 +143,9 @@ def _run(args) -> int:
         say(f"suite {suite.name}: {summary.seeded} cell(s) seeded from {args.out}/results.json")
     if summary.reused:
         say(f"suite {suite.name}: {summary.reused} cell(s) copied from --reuse")
+    if summary.upgraded:
+        say(f"suite {suite.name}: {summary.upgraded} stored cell(s) of an older scenario schema kept as today's "
+            "cells, stale until recomputed (bench/run/upgrade.py)")
     if summary.retired:   # said, never silent: a resumed leaderboard would otherwise lose rows unnoticed
         leave = "would leave" if args.dry_run else "leave"
         print(f"leakbench: note: {summary.retired} stored record(s) of suite {suite.name} match no cell of the suite "

@@ -192,3 +192,44 @@ def test_records_the_suite_no_longer_holds_are_named_not_dropped_silently(tmp_pa
         assert store.finished(suite.cells[0].cell_id)   # kept in the store
     finally:
         store.close()
+
+
+def test_records_of_an_older_scenario_schema_are_kept_as_todays_cells(tmp_path):
+    """An export written before the canary fields existed (and with mia_size 0 for "no membership inference")
+    resumes as the same cells, marked with the id they were computed under; a record whose work differs is not
+    adopted, and a membership attack's mia_size 0 is never rewritten."""
+    from bench.protocol.records import config_id, seal
+    from bench.run.upgrade import UPGRADED, upgrade
+    from leaderboards.export import write_exports
+
+    suite = tiny_suite(["plaintext"], ["random-guess"])
+    run_suite(suite, tmp_path / "new")
+    store = Store(tmp_path / "new" / "leakbench.sqlite")
+    try:
+        rec, info = store.records(suite.name)[0], store.suite_info(suite.name)
+    finally:
+        store.close()
+    old = json.loads(json.dumps(rec))
+    for name in ("canary", "canary_norm"):
+        del old["config"]["scenario"][name]
+    old["config"]["scenario"]["mia_size"] = 0
+    old["cell_id"] = config_id(old["config"])
+    other = json.loads(json.dumps(old))
+    other["config"]["scenario"]["lr"] = 0.5   # different work: never adopted
+    other["cell_id"] = config_id(other["config"])
+    (tmp_path / "old").mkdir()
+    write_exports([seal(old), seal(other)], {suite.name: info}, tmp_path / "old")
+
+    summary = run_suite(suite, tmp_path / "old", dry_run=True)
+    assert (summary.upgraded, summary.retired, summary.skipped) == (1, 1, 1)   # same code: done, not rerun
+    summary = run_suite(suite, tmp_path / "old")
+    assert (summary.upgraded, summary.retired, summary.ok) == (1, 1, 0)
+    store = Store(tmp_path / "old" / "leakbench.sqlite")
+    try:
+        (kept,) = store.records(suite.name)
+    finally:
+        store.close()
+    assert kept["cell_id"] == suite.cells[0].cell_id and kept["details"][UPGRADED] == old["cell_id"]
+    assert kept["metrics"] == rec["metrics"]
+    mia = {"scenario": {"name": "s", "mia_size": 0}, "attack": {"name": "mia-loss"}}
+    assert upgrade(mia)["scenario"]["mia_size"] == 0 and "canary" in upgrade(mia)["scenario"]

@@ -36,6 +36,7 @@ from bench.run.executors import Job, check_options, make_executor
 from bench.run.leases import Claims, group_id, new_run_id
 from bench.run.spec import Cell, Suite
 from bench.run.store import FINISHED, Store
+from bench.run.upgrade import adopt
 from leaderboards.export import load_pages, load_records
 
 
@@ -52,6 +53,7 @@ class RunSummary:
     seeded: int = 0                                  # cells a new store took from the export beside it
     reused: int = 0                                  # cells copied from another output directory (--reuse)
     retired: int = 0                                 # stored cells of the suite no cell of it matches any more
+    upgraded: int = 0                                # stored cells of an older schema kept as today's (upgrade.py)
 
     @property
     def exit_code(self) -> int:
@@ -247,6 +249,8 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     path = out / "leakbench.sqlite"
     store = Store(path if path.exists() or not dry_run else ":memory:")   # a dry run writes no store
     seeded = store.seed(*export) if export else 0
+    # records of an older scenario schema kept as today's cells (stale: their fingerprint is older code's)
+    upgraded = set() if dry_run and path.exists() else adopt(store, suite.name, suite.cells)
     copies = {} if force else reusable(store, chosen, fingerprints, sources)
     if not dry_run:
         for rec in copies.values():
@@ -258,11 +262,12 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     stale = sum(states[c.cell_id] == "stale" for g in pending for c in g)
     skipped = len(chosen) - sum(len(g) for g in pending)
     members = membership(suite, store.suite_info(suite.name))
-    retired = len(set(store.members(suite.name)) - set(members[0]))
+    retired = len(set(store.members(suite.name)) - set(members[0]) - upgraded)
     if dry_run:
         store.close()
         rerun = {c.cell_id for g in pending for c in g}   # a done cell of a pending group reruns with it
-        return RunSummary(0, 0, 0, skipped, stale, seeded=seeded, reused=reused, retired=retired, plan=tuple(
+        return RunSummary(0, 0, 0, skipped, stale, seeded=seeded, reused=reused, retired=retired,
+                          upgraded=len(upgraded), plan=tuple(
             (c.label, "group" if states[c.cell_id] == "done" and c.cell_id in rerun else states[c.cell_id])
             for c in chosen))
     try:   # started only when there is work: a local Ray costs seconds
@@ -293,7 +298,8 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         if own and pool is not None:
             pool.close()
     return RunSummary(counts["ok"], counts["blocked"], counts["failed"], counts["skipped"], stale, tuple(failures),
-                      diverged=counts["diverged"], seeded=seeded, reused=reused, retired=retired)
+                      diverged=counts["diverged"], seeded=seeded, reused=reused, retired=retired,
+                      upgraded=len(upgraded))
 
 
 __all__ = ["run_suite", "RunSummary", "selected", "select"]
