@@ -324,3 +324,13 @@ def test_no_cluster_of_one_and_the_record_keeps_the_client_list():
     assert len(info["clusters"]) == 5 and min(np.bincount(info["clusters"])) >= 2
     assert info["cluster_count"] == len(set(info["clusters"])) == rec["metrics"]["cluster_count"]
     assert rec["metrics"]["single_upload_aggregates"] == 0
+
+
+def test_client_distances_equal_the_broadcast_formula_to_the_bit():
+    """Row by row (memory N x D) gives exactly what the N x N x D broadcast gave."""
+    from defenses.sensecrypt.clustering import distances
+
+    vectors = np.random.default_rng(0).random((7, 1001))
+    diff = vectors[:, None, :] - vectors[None, :, :]
+    assert np.array_equal(distances(vectors), np.sqrt((diff ** 2).sum(-1)))
+    assert np.all(np.diag(distances(vectors)) == 0.0)

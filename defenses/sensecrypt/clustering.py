@@ -62,8 +62,13 @@ def dp_noise(gamma: np.ndarray, epsilon: float, delta: float, clip: float, rng: 
 
 
 def distances(vectors: np.ndarray) -> np.ndarray:
-    diff = vectors[:, None, :] - vectors[None, :, :]
-    return np.sqrt((diff ** 2).sum(-1))
+    """Pairwise Euclidean distances of the clients' sensitivity vectors, one row at a time: memory N x D, not the
+    N x N x D of a broadcast difference (10 clients of an 11.2 M-parameter model: 0.9 GB, not 18 GB); each
+    pair's sum runs over the same contiguous row as before, so the values are the same to the bit."""
+    out = np.empty((len(vectors), len(vectors)))
+    for i, row in enumerate(vectors):
+        out[i] = np.sqrt(((vectors - row) ** 2).sum(-1))
+    return out
 
 
 def affinity_propagation(dist: np.ndarray, preference: str | float = "median",
