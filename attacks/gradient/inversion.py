@@ -8,9 +8,9 @@ global model matches the client's upload. What they share lives here, once:
   replays the client's local SGD on the dummy batch, differentiably, and matches the update it
   produces (Geiping et al. 2020, section 6; inversefed's `loss_steps`): mini-batches of the
   protocol's local batch size in order, so one local epoch is matched exactly up to the order of
-  the dummies, more epochs are matched as if the client did not reshuffle. Hidden entries are unknown; they are zero in the target, masked
-  out of every distance and never read, so a view that hides the head still yields a loss over
-  the lower layers. Only trainable parameters are matched (buffers drift, they have no gradient).
+  the dummies, more epochs are matched as if the client did not reshuffle. Hidden entries are
+  unknown; they are zero in the target, masked out of every distance and never read, so a view
+  that hides the head still yields a loss over the lower layers. Only trainable parameters are matched (buffers drift, they have no gradient).
 - Objectives: the squared Euclidean distance (DLG, iDLG) and one cosine distance over the
   concatenated visible entries, 1 - <g, t> / (|g| |t|) (Inverting Gradients; breaching's
   CosineSimilarity objective and inversefed's "sim" cost take one cosine over all layers too).
