@@ -250,7 +250,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     store = Store(path if path.exists() or not dry_run else ":memory:")   # a dry run writes no store
     seeded = store.seed(*export) if export else 0
     # records of an older scenario schema kept as today's cells (stale: their fingerprint is older code's)
-    upgraded = set() if dry_run and path.exists() else adopt(store, suite.name, suite.cells)
+    upgraded = adopt(store, suite.name, suite.cells, dry_run=dry_run and path.exists())
     copies = {} if force else reusable(store, chosen, fingerprints, sources)
     if not dry_run:
         for rec in copies.values():

@@ -45,9 +45,10 @@ def upgrade(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def adopt(store: Store, suite: str, cells: list[Cell]) -> set[str]:
+def adopt(store: Store, suite: str, cells: list[Cell], dry_run: bool = False) -> set[str]:
     """Store, under today's ids, the suite's records that no cell matches but whose upgraded config is a cell's;
-    returns the old ids adopted. A cell already stored is never replaced."""
+    returns the old ids adopted (with `dry_run`, those it would adopt, storing nothing). A cell already stored is
+    never replaced."""
     wanted = {c.cell_id for c in cells}
     adopted: set[str] = set()
     for rec in store.records(suite):
@@ -57,11 +58,13 @@ def adopt(store: Store, suite: str, cells: list[Cell]) -> set[str]:
         cid = config_id(config)
         if cid == rec["cell_id"] or cid not in wanted or store.state(cid) != "new":
             continue
+        adopted.add(rec["cell_id"])
+        if dry_run:
+            continue
         new = {k: v for k, v in rec.items() if k != "suite"} | {
             "cell_id": cid, "config": config, "details": {**rec["details"], UPGRADED: rec["cell_id"]}}
         store.put(seal(new))
         store.add_member(suite, cid)
-        adopted.add(rec["cell_id"])
     return adopted
 
 
