@@ -74,7 +74,7 @@ def run_slice(suite, tmp_path, data_root):
 def test_full_suite_is_paper_scale():
     full = tomllib.loads(Path(SUITES.get("paper-scale")).read_text())
     assert {s["dataset"] for s in full["scenarios"]} == {"cifar10"} and {s["model"] for s in full["scenarios"]} == {"resnet18"}
-    assert all(s["num_clients"] == 4 and "model_params" not in s for s in full["scenarios"])
+    assert all(s["num_clients"] == 10 and "model_params" not in s for s in full["scenarios"])
     assert {s["attack_batch_size"] for s in full["scenarios"] if s["attacks"] == ["ilrg"]} == {32, 64}
     assert [s["attack_batch_size"] for s in full["scenarios"] if s["attacks"] == ["inverting-gradients"]] == [1]
     assert {d["name"] for d in full["defenses"]} == {"plaintext", "fedhe-full", "fedml-he", "maskcrypt",
