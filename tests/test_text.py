@@ -30,3 +30,28 @@ def test_sst2_sentences_are_the_whole_dev_sentences(data_root):
     assert len(sentences.train_y) + len(sentences.test_y) == 872 and len(sentences.test_y) == 87
     mean_tokens = lambda d: float((d.train_x != d.pad_id).sum(1).float().mean())   # noqa: E731
     assert mean_tokens(sentences) > 20 > 14 > mean_tokens(phrases)
+
+
+def test_a_large_set_gradient_sums_chunks_weighted_by_tokens(data_root):
+    """fed.gradient over more sequences than the task's chunk equals one pass over all of them (the loss is
+    the mean over every counted token, so chunks of padded sentences weigh by their tokens, not by one each)."""
+    import torch
+
+    from bench.data.loading import load_dataset, resolve_data_root
+    from bench.federation.engine import build_federation
+    from bench.federation.scenario import Scenario
+
+    data = load_dataset("sst2", resolve_data_root(data_root), max_train=80, max_test=8, seq_len=16)
+    scenario = Scenario(name="s", dataset="sst2", model="gpt2-lora", num_clients=1, clients_per_round=1,
+                        max_train=80, seq_len=16, model_params={"n_embd": 32, "n_layer": 1, "n_head": 2})
+    fed = build_federation(scenario, data)
+    x, y = fed.clients[0].x, fed.clients[0].y
+    lengths = (x != data.pad_id).sum(1)
+    assert len(x) > fed.task.chunk and lengths.min() < lengths.max()   # chunks of unequal token counts
+    chunked = fed.gradient(x, y)
+    fed.model.zero_grad()
+    fed.task.loss(fed.model, x, y).backward()
+    params = dict(fed.model.named_parameters())
+    for name in fed.names:
+        torch.testing.assert_close(chunked[name], params[name].grad, rtol=1e-5, atol=1e-7)
+    assert any(chunked[n].abs().sum() > 0 for n in fed.names)

@@ -14,6 +14,7 @@ from bench.models import torch_device
 
 class ClassificationTask:
     name = "classification"
+    chunk = None   # one backward pass per gradient: batch-norm models' statistics are the whole set's
 
     def __init__(self, data) -> None:
         self.num_classes = data.num_classes
@@ -34,6 +35,7 @@ class CausalLMTask:
     """Next-token prediction; padding positions are ignored in the loss."""
 
     name = "causal-lm"
+    chunk = 32     # sequences per backward pass of a large set's gradient (bench/federation/state.py)
 
     def __init__(self, data) -> None:
         self.pad_id = data.pad_id
@@ -48,6 +50,11 @@ class CausalLMTask:
     def loss(self, model, x, y=None):
         total, count = self._token_losses(model, x)
         return total / max(count, 1)
+
+    def loss_sum(self, model, x, y=None) -> tuple[torch.Tensor, int]:
+        """(summed token loss, counted tokens): a large set's loss is the sum over its chunks divided by all
+        their tokens."""
+        return self._token_losses(model, x)
 
     @torch.no_grad()
     def evaluate(self, model, x, y=None) -> dict[str, float]:
