@@ -165,7 +165,8 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
 
 def _utility(mine, records, info, href) -> list[dict[str, Any]]:
     """Per core scenario that measures utility: the row's accuracy (else perplexity) beside the undefended row's,
-    the largest loss first."""
+    the largest relative loss first (a drop in accuracy and a rise in perplexity compare as fractions of the
+    undefended value, not in their own units)."""
     undefended = set(info.get("undefended") or ())
     out = []
     for s in dict.fromkeys(r["scenario"] for r in mine):
@@ -177,8 +178,9 @@ def _utility(mine, records, info, href) -> list[dict[str, Any]]:
             continue
         plain = next((r["metrics"][metric] for r in records if r["scenario"] == s and defense_label(r) in undefended
                       and is_number(r["metrics"].get(metric))), None)
-        loss = 0.0 if plain is None else (plain - rec["metrics"][metric]) * (1 if metric == "accuracy" else -1)
-        out.append({"scenario": s, "metric": metric, "value": rec["metrics"][metric], "plain": plain,
+        value = rec["metrics"][metric]
+        loss = 0.0 if not plain else (plain - value) / plain * (1 if metric == "accuracy" else -1)
+        out.append({"scenario": s, "metric": metric, "value": value, "plain": plain,
                     "href": href(rec), "loss": loss})
     return sorted(out, key=lambda u: -u["loss"])
 

@@ -1,6 +1,8 @@
 """The standard evaluation's rules on hand-built records: an attack that fails on the undefended row judges
 nothing; a row at chance ranks below a useful one and is never called best; an n/a grid point carries its
 reason (page info, from Defense.applicable at load); the core grid on the front page."""
+import pytest
+
 from test_leaderboard import _cells, rec
 
 from bench.run.spec import parse_suite
@@ -177,3 +179,15 @@ def test_across_suites_a_defense_judged_only_by_uncalibrated_attacks_keeps_its_r
     board = overview([{"name": "t", "records": records, "infos": {"t": INFO}}])
     row = next(r for r in board["rows"] if r["name"] == "mask")
     assert row["cells"][0]["verdict"].text == "no verdict"
+
+
+def test_a_rows_utility_headline_is_its_largest_relative_loss_across_metrics():
+    """A perplexity rise of 2 on 100 (2 %) is a smaller loss than an accuracy drop of 0.05 on 0.5 (10 %)."""
+    info = {**INFO, "chance": {"img": 0.1}}
+    records = [rec("plain", "mia-loss", scenario="img", mia_auroc=0.8, accuracy=0.5, test_samples=500),
+               rec("mask", "mia-loss", scenario="img", mia_auroc=0.5, accuracy=0.45, test_samples=500),
+               rec("plain", "mia-ref", scenario="lm", mia_auroc=0.8, perplexity=100.0),
+               rec("mask", "mia-ref", scenario="lm", mia_auroc=0.5, perplexity=102.0)]
+    mask = next(r for r in grid("core", records, info)["rows"] if r["name"] == "mask")
+    assert [u["scenario"] for u in mask["utility"]] == ["img", "lm"]
+    assert mask["utility"][0]["loss"] == pytest.approx(0.1) and mask["utility"][1]["loss"] == pytest.approx(0.02)
