@@ -16,7 +16,8 @@ def test_a_slice_of_core_runs_and_heads_the_front_page(tmp_path, data_root):
                  "--data-root", str(data_root)]) == 0
     records = json.loads((out / "results.json").read_text())
     info = json.loads((out / "pages.json").read_text())["core"]
-    assert info["undefended"] == ["flex-lora", "plaintext"] and info["untrained"] == []   # flex-lora: sigma 0
+    assert info["undefended"] == ["flex-lora", "plaintext"]   # flex-lora: sigma 0
+    assert info["untrained"] == ["base"]   # the language membership scenario's yardstick of utility
     assert "no LoRA adapters" in info["not_applicable"]["cifar10-lenet-labels-b32"]["she-lora(budget=0.01)"]
     plain = next(r for r in records if r["defense"] == "plaintext")
     assert plain["metrics"]["label_acc"] == 1.0 and plain["metrics"]["test_samples"] == 500
