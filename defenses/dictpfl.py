@@ -277,8 +277,10 @@ class DictPFL(Defense):
 # ------------------------------------------------------------------------------------ FedHE-Top2
 
 def last_layers(model: nn.Module, count: int = 2) -> list[nn.Module]:
-    """The last `count` modules that own parameters directly (linear, conv, norm layers)."""
-    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    """The last `count` modules that own trainable parameters directly (linear, conv, norm layers). Frozen
+    ones are skipped: on a LoRA fine-tune the final norm and LM head never travel, and the top of what is
+    shared is the last adapters."""
+    owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
     return owners[-count:]
 
 

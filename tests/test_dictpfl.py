@@ -182,3 +182,18 @@ def test_fedhe_top2_encrypts_exactly_the_last_two_layers():
     assert not any(defense.mask[n].any() for n in fed.names if n not in encrypted)
     frozen = FedHETop2(freeze_rest=True)
     assert _fed(frozen).names == ["3.weight", "3.bias", "5.weight", "5.bias"]
+
+
+def test_fedhe_top2_takes_the_last_trainable_layers_when_the_top_is_frozen():
+    """A LoRA fine-tune freezes the final norm and LM head: the two layers FedHE-Top2 encrypts (and, with
+    freeze_rest, keeps training) are the last ones that train, never frozen ones that are not uploaded."""
+    from torch import nn
+
+    from defenses.dictpfl import last_layers
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+    for frozen in (model[3], model[4]):
+        frozen.requires_grad_(False)
+    assert last_layers(model) == [model[1], model[2]]
+    FedHETop2(freeze_rest=True).adapt_model(model)
+    assert [p.requires_grad for p in model.parameters()] == [False, False, True, True, True, True,
+                                                             False, False, False, False]
