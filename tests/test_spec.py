@@ -52,3 +52,28 @@ def test_builtin_suites_load():
     from bench.run.spec import load_suite
     for name in SUITES.builtins():
         assert load_suite(name).cells
+
+
+def test_a_component_confined_to_scenarios_runs_only_there_and_keeps_its_cell_ids():
+    two = [dict(TINY_SCENARIO), {**TINY_SCENARIO, "name": "other"}]
+    confined = parse_suite(_suite(scenarios=two, defenses=[
+        {"name": "plaintext"}, {"name": "base", "scenarios": ["other"]}]))
+    assert sorted((c.scenario.name, c.defense.name) for c in confined.cells) == [
+        ("other", "base"), ("other", "plaintext"), (TINY_SCENARIO["name"], "plaintext")]
+    listed = parse_suite(_suite(scenarios=[two[0], {**two[1], "defenses": ["base", "plaintext"]}],
+                                defenses=[{"name": "plaintext"}, {"name": "base"}]))
+    listed = [c for c in listed.cells if not (c.scenario.name == TINY_SCENARIO["name"] and c.defense.name == "base")]
+    assert sorted(c.cell_id for c in confined.cells) == sorted(c.cell_id for c in listed)
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"defenses": [{"name": "base", "scenarios": ["othr"]}]}, "did you mean 'other'"),
+    ({"defenses": [{"name": "base", "scenarios": "other"}]}, "must be a non-empty list"),
+    ({"defenses": [{"name": "plaintext"}, {"name": "base", "scenarios": ["other"]}],
+      "first": {"defenses": ["base"]}}, "confines to scenarios ['other']"),
+])
+def test_confining_scenarios_are_checked_at_load(over, needle):
+    first = {**TINY_SCENARIO, **over.pop("first", {})}
+    with pytest.raises(SpecError) as err:
+        parse_suite(_suite(scenarios=[first, {**TINY_SCENARIO, "name": "other"}], **over))
+    assert needle in str(err.value) and "\n" not in str(err.value)

@@ -113,20 +113,27 @@ def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _components(tables: list[dict[str, Any]], kind: str, registry, where: str, limit: int) -> list[Component]:
-    """Each table: name, params, and an optional sweep {param: [values]} expanded as a product. Overlapping
-    sweeps name a setting once; a table that adds no setting (the same name and params as earlier ones) is a
-    mistake, refused, and so are more settings than `limit` (counted before they are expanded)."""
+def _components(tables: list[dict[str, Any]], kind: str, registry, where: str,
+                limit: int) -> tuple[list[Component], dict[int, list[str]]]:
+    """Each table: name, params, an optional sweep {param: [values]} expanded as a product, and an optional
+    `scenarios` list that confines its settings to those scenarios (returned by position, kept out of the
+    component so that cell ids do not see it). Overlapping sweeps name a setting once; a table that adds no
+    setting (the same name and params as earlier ones) is a mistake, refused, and so are more settings than
+    `limit` (counted before they are expanded)."""
     out: list[Component] = []
+    confined: dict[int, list[str]] = {}
     seen: dict[tuple[str, str], int] = {}   # (name, params key) -> the table that named it first
     for i, table in enumerate(tables):
         spot = f"{where} {kind}s[{i}]"
         if not isinstance(table, dict):
             raise SpecError(f"{spot}: must be a table like [[{kind}s]] name = \"...\", "
                             f"got {type(table).__name__} {table!r}")
-        unknown = set(table) - {"name", "params", "sweep"}
+        unknown = set(table) - {"name", "params", "sweep", "scenarios"}
         if unknown:
-            raise SpecError(f"{spot}: unknown key '{sorted(unknown)[0]}'; use name, params or sweep")
+            raise SpecError(f"{spot}: unknown key '{sorted(unknown)[0]}'; use name, params, sweep or scenarios")
+        only = table.get("scenarios")
+        if only is not None and (not isinstance(only, list) or not only or not all(isinstance(v, str) for v in only)):
+            raise SpecError(f"{spot}: 'scenarios' must be a non-empty list of scenario names, got {only!r}")
         name = table.get("name")
         if name is None:
             raise SpecError(f"{spot}: missing 'name'; known: {', '.join(registry.names())}")
@@ -162,13 +169,15 @@ def _components(tables: list[dict[str, Any]], kind: str, registry, where: str, l
                     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                     raise SpecError(f"{spot} '{name}'{_plugin(registry, name)}: {text}") from None
             seen[(name, _key(merged))] = i
+            if only is not None:
+                confined[len(out)] = only
             out.append(Component(name, merged))
             new += 1
         if not new:
             first = seen[(name, _key({**params, **{k: sweep[k][0] for k in keys}}))]
             raise SpecError(f"{spot}: names {kind} '{Component(name, params).label}' with the same params as "
                             f"{kind}s[{first}], so it adds no cell; remove it or change its params")
-    return out
+    return out, confined
 
 
 def _plugin(registry, name: str) -> str:
@@ -216,12 +225,13 @@ def _index(components: list[Component]) -> dict[str, list[int]]:
 
 
 def _narrowing(table: dict[str, Any], key: str, components: list[Component], index: dict[str, list[int]],
-               where: str) -> list[Component]:
+               confined: dict[int, list[str]], where: str) -> list[Component]:
     """A scenario's `defenses`/`attacks` list (each entry names a component of the suite exactly), as the
-    components it keeps in suite order; all of them without one."""
+    components it keeps in suite order; without one, every component not confined to other scenarios."""
     value = table.get(key)
+    scenario = table["name"]
     if value is None:
-        return components
+        return [c for pos, c in enumerate(components) if scenario in confined.get(pos, [scenario])]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or not value:
         raise SpecError(f"{where}: '{key}' must be a non-empty list of names, got {value!r}")
     for entry in value:
@@ -230,6 +240,10 @@ def _narrowing(table: dict[str, Any], key: str, components: list[Component], ind
             close = difflib.get_close_matches(entry, valid, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"the suite's {key}: {', '.join(valid)}"
             raise SpecError(f"{where}: '{key}' names '{entry}', which is not among the suite's {key}; {hint}")
+        elsewhere = [confined[pos] for pos in index[entry] if scenario not in confined.get(pos, [scenario])]
+        if elsewhere:
+            raise SpecError(f"{where}: '{key}' names '{entry}', which its own table confines to scenarios "
+                            f"{elsewhere[0]}; add '{scenario}' there or drop it from this list")
     return [components[pos] for pos in sorted({pos for entry in value for pos in index[entry]})]
 
 
@@ -296,16 +310,22 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
         check_unique(scenario.name, i, folded, spot)
         timeout = check_timeout(table.get("cell_timeout_s"), f"{spot}: cell_timeout_s") or default_timeout
         scenarios.append((scenario, table, timeout))
-    defenses = _components(data["defenses"], "defense", DEFENSES, where, limits.cells)
-    attacks = _components(data["attacks"], "attack", ATTACKS, where, limits.cells)
+    defenses, d_only = _components(data["defenses"], "defense", DEFENSES, where, limits.cells)
+    attacks, a_only = _components(data["attacks"], "attack", ATTACKS, where, limits.cells)
+    names = [s.name for s, _, _ in scenarios]
+    for kind, confined in (("defenses", d_only), ("attacks", a_only)):
+        for missing in (n for only in confined.values() for n in only if n not in names):
+            close = difflib.get_close_matches(missing, names, n=1)
+            raise SpecError(f"{where} {kind}: 'scenarios' names '{missing}', which is no scenario of the suite"
+                            + (f"; did you mean '{close[0]}'?" if close else ""))
     by_d, by_a = _index(defenses), _index(attacks)
     plan = []
     for i, (scenario, table, timeout) in enumerate(scenarios):  # narrowing by name or by full label
         spot = f"{where} scenarios[{i}]"
         overrides = _defense_params(table.get("defense_params", {}), DEFENSES, spot)
-        chosen = _narrowing(table, "defenses", defenses, by_d, spot)
+        chosen = _narrowing(table, "defenses", defenses, by_d, d_only, spot)
         plan.append((scenario, [_override(d, overrides.get(d.name), DEFENSES, spot) for d in chosen],
-                     _narrowing(table, "attacks", attacks, by_a, spot), timeout))
+                     _narrowing(table, "attacks", attacks, by_a, a_only, spot), timeout))
     check_count(where, "cells", sum(len(ds) * len(atts) for _, ds, atts, _ in plan), limits.cells, "--max-cells",
                 f" ({len(plan)} scenario(s) x their defenses x attacks)")
     cells, seen = [], set()
