@@ -64,6 +64,11 @@ def test_a_component_confined_to_scenarios_runs_only_there_and_keeps_its_cell_id
                                 defenses=[{"name": "plaintext"}, {"name": "base"}]))
     listed = [c for c in listed.cells if not (c.scenario.name == TINY_SCENARIO["name"] and c.defense.name == "base")]
     assert sorted(c.cell_id for c in confined.cells) == sorted(c.cell_id for c in listed)
+    # a name that covers a confined setting and a free one: a scenario's list keeps only what it may run
+    both = parse_suite(_suite(scenarios=[{**two[0], "attacks": ["idlg"]}, two[1]], attacks=[
+        {"name": "idlg"}, {"name": "idlg", "params": {"steps": 7}, "scenarios": ["other"]}]))
+    assert sorted((c.scenario.name, c.attack.label) for c in both.cells) == [
+        ("other", "idlg"), ("other", "idlg(steps=7)"), (TINY_SCENARIO["name"], "idlg")]
 
 
 @pytest.mark.parametrize("over, needle", [

@@ -240,11 +240,11 @@ def _narrowing(table: dict[str, Any], key: str, components: list[Component], ind
             close = difflib.get_close_matches(entry, valid, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"the suite's {key}: {', '.join(valid)}"
             raise SpecError(f"{where}: '{key}' names '{entry}', which is not among the suite's {key}; {hint}")
-        elsewhere = [confined[pos] for pos in index[entry] if scenario not in confined.get(pos, [scenario])]
-        if elsewhere:
+        if not any(scenario in confined.get(pos, [scenario]) for pos in index[entry]):
             raise SpecError(f"{where}: '{key}' names '{entry}', which its own table confines to scenarios "
-                            f"{elsewhere[0]}; add '{scenario}' there or drop it from this list")
-    return [components[pos] for pos in sorted({pos for entry in value for pos in index[entry]})]
+                            f"{confined[index[entry][0]]}; add '{scenario}' there or drop it from this list")
+    return [components[pos] for pos in sorted({pos for entry in value for pos in index[entry]})
+            if scenario in confined.get(pos, [scenario])]
 
 
 TOP_KEYS = ["name", "description", "notes", "cell_timeout_s", "figures", "paper", "scenarios", "defenses", "attacks"]
