@@ -78,7 +78,8 @@ def test_a_component_confined_to_scenarios_runs_only_there_and_keeps_its_cell_id
       "first": {"defenses": ["base"]}}, "confines to scenarios ['other']"),
 ])
 def test_confining_scenarios_are_checked_at_load(over, needle):
-    first = {**TINY_SCENARIO, **over.pop("first", {})}
+    first = {**TINY_SCENARIO, **over.get("first", {})}
+    rest = {k: v for k, v in over.items() if k != "first"}
     with pytest.raises(SpecError) as err:
-        parse_suite(_suite(scenarios=[first, {**TINY_SCENARIO, "name": "other"}], **over))
+        parse_suite(_suite(scenarios=[first, {**TINY_SCENARIO, "name": "other"}], **rest))
     assert needle in str(err.value) and "\n" not in str(err.value)
