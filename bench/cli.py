@@ -158,7 +158,8 @@ def _run(args) -> int:
               f"would run ({summary.stale} stale); nothing was run")
         return 0
     store = Store(Path(args.out) / "leakbench.sqlite")
-    page = write_outputs(store, args.out)
+    from bench.run.version import staleness
+    page = write_outputs(store, args.out, staleness(store.records()))
     store.close()
     say(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.diverged} diverged, "
           f"{summary.failed} failed, "
@@ -200,7 +201,8 @@ def _leaderboard(args) -> int:
     if not path.exists():
         raise FileNotFoundError(f"no results store at {path}; run `leakbench run SUITE --out {args.out}` first")
     store = Store(path)
-    say(f"leaderboard: {write_outputs(store, args.out)}")
+    from bench.run.version import staleness
+    say(f"leaderboard: {write_outputs(store, args.out, staleness(store.records()))}")
     store.close()
     return 0
 
@@ -216,7 +218,8 @@ def _site(args) -> int:
         except ValueError:
             raise ValueError(f"--date '{args.date}': expected YYYY-MM-DD, e.g. 2026-01-31") from None
     date = args.date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    say(f"site: {build_site(args.root, current=builtin_page_info, generated=date)}")
+    from bench.run.version import staleness
+    say(f"site: {build_site(args.root, current=builtin_page_info, generated=date, stale=staleness)}")
     return 0
 
 

@@ -94,13 +94,39 @@ def provenance(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"version": v, "fingerprint": f, "cells": n} for (v, f), n in sorted(seen.items())]
 
 
+def code_state(records: list[dict[str, Any]], stale: dict[str, list[str]] | None) -> dict[str, Any] | None:
+    """What code computed the records, per component (bench/run/version.py): the hashes each component's cells
+    carry, and, where `stale` says so (cell id -> components whose code differs from today's, computed by the
+    caller against the running code), which cells are stale and which component made them so."""
+    if stale is None:
+        return None
+    hashes: dict[str, Counter] = {}
+    by_component: dict[str, list[str]] = {}
+    for rec in records:
+        config = rec.get("config") or {}
+        scenario = config.get("scenario") or {}
+        names = {"harness": "harness", "defense": f"defense {rec.get('defense')}",
+                 "attack": f"attack {rec.get('attack')}", "dataset": f"dataset {scenario.get('dataset')}",
+                 "model": f"model {scenario.get('model')}"}
+        for key, value in ((rec.get("environment") or {}).get("components") or {}).items():
+            hashes.setdefault(names.get(key, key), Counter())[str(value)] += 1
+        for key in stale.get(rec["cell_id"], []):
+            by_component.setdefault(names.get(key, key), []).append(cell_name(rec))
+    stale_cells = sum(1 for r in records if stale.get(r["cell_id"]))
+    return {"cells": len(records), "stale_cells": stale_cells,
+            "stale": [{"component": k, "cells": sorted(v)} for k, v in sorted(by_component.items())],
+            "components": [{"component": k, "hashes": ", ".join(f"{h} ({n})" for h, n in sorted(c.items()))}
+                           for k, c in sorted(hashes.items())]}
+
+
 def _config(config: dict[str, Any] | None) -> str:
     if not config:
         return ""
     return " · ".join(f"{k.replace('_', ' ')} {config[k]}" for k in CONFIG_SUMMARY if config.get(k) not in (None, ""))
 
 
-def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], out: Path) -> dict[str, Any]:
+def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], out: Path,
+               stale: dict[str, list[str]] | None = None) -> dict[str, Any]:
     tables = []
     for scen in dict.fromkeys(r["scenario"] for r in records):
         recs = [r for r in records if r["scenario"] == scen]
@@ -128,21 +154,22 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
     return {"name": suite, "tables": tables, "failures": failures, "description": info.get("description", ""),
             "notes": notes_html(info.get("notes", "")), "figures": figures, "paper": paper,
             "paper_notes": any(p["note"] for p in paper), "provenance": provenance(records),
-            "compute": compute_summary(records),
+            "compute": compute_summary(records), "code": code_state(records, stale),
             "counts": Counter(r["status"] for r in records)}
 
 
 def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_dir: str | Path,
-           home: str | None = None, generated: str | None = None) -> Path:
+           home: str | None = None, generated: str | None = None, stale: dict[str, list[str]] | None = None) -> Path:
     """Write the exports, plots and index.html of these records into out_dir. `home` is the front page's
-    address relative to out_dir (a site's pages link back to it); `generated` the date to print."""
+    address relative to out_dir (a site's pages link back to it); `generated` the date to print; `stale` each
+    cell's components computed by other code than today's (`code_state`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in (out / "plots").glob("*.png"):  # plots/ belongs to the renderer: no stale plot survives
         old.unlink()
     write_exports(records, infos, out)   # every record, shown or not: re-rendering never drops a result
     records = described(records)
-    suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out)
+    suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out, stale)
               for s in dict.fromkeys(r["suite"] for r in records)]
     title = "LeakBench · " + (suites[0]["name"] if len(suites) == 1 else "leaderboard")
     html = env().get_template("index.html.j2").render(
@@ -157,9 +184,9 @@ def band_rows() -> list[dict[str, Any]]:
     return [{"metric": m, "leak": b.leak, "partial": b.partial, "words": b.words} for m, b in BANDS.items()]
 
 
-def write_outputs(store, out_dir: str | Path) -> Path:
+def write_outputs(store, out_dir: str | Path, stale: dict[str, list[str]] | None = None) -> Path:
     """Render every suite in the store."""
-    return render(store.records(), {s: store.suite_info(s) for s in store.suites()}, out_dir)
+    return render(store.records(), {s: store.suite_info(s) for s in store.suites()}, out_dir, stale=stale)
 
 
 def env() -> jinja2.Environment:

@@ -22,6 +22,8 @@ from leaderboards.schema import described
 
 STANDARD = "core"   # the suite whose grid heads the front page: every defense x every applicable attack
 Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info, None when it has none
+# records -> each one's components computed by other code than the running code's (bench/run/version.py's staleness)
+Stale = Callable[[list], "dict[str, list[str]]"]
 
 
 def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[str, Any]:
@@ -35,14 +37,15 @@ def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[
 
 
 def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None,
-             records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+             records: list[dict[str, Any]] | None = None, stale: Stale | None = None) -> dict[str, Any]:
     """Re-render one output directory from its results.json (or the `records` already read from it); a summary
-    for the front page."""
+    for the front page. `stale` says which components of each record differ from today's code."""
     directory = Path(directory)
     records = load_records(directory) if records is None else records
     suites = list(dict.fromkeys(r["suite"] for r in records))
     infos = {s: page_info(s, directory, current) for s in suites}
-    render(records, infos, directory, home="../index.html", generated=generated)
+    render(records, infos, directory, home="../index.html", generated=generated,
+           stale=None if stale is None else stale(records))
     counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "blocked", "diverged", "failed")}
     info = infos[suites[0]] if suites else {}
     return {"name": directory.name, "href": site_href(directory.name), "suites": suites,
@@ -51,7 +54,8 @@ def rerender(directory: str | Path, current: Info | None = None, generated: str 
             **counts}
 
 
-def build_site(root: str | Path, current: Info | None = None, generated: str | None = None) -> Path:
+def build_site(root: str | Path, current: Info | None = None, generated: str | None = None,
+               stale: Stale | None = None) -> Path:
     """Re-render every suite directory under root and write root/index.html, the front page; `current` gives a
     suite's page info as its definition has it now (the CLI passes the built-in suites'); `generated` is the
     date the pages print. Every directory's results.json and pages.json are read and checked before any page is
@@ -61,7 +65,7 @@ def build_site(root: str | Path, current: Info | None = None, generated: str | N
     if not dirs:
         raise FileNotFoundError(f"no suite directories with results.json under {root}")
     loaded = [(d, load_records(d), load_pages(d)) for d in dirs]   # pages.json checked here, read by page_info
-    entries = [rerender(d, current, generated, records) for d, records, _ in loaded]
+    entries = [rerender(d, current, generated, records, stale) for d, records, _ in loaded]
     board = overview(entries)
     standard = next((e for e in entries if e["suites"] == [STANDARD]), None)
     core = grid(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None

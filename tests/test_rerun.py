@@ -24,12 +24,13 @@ def _fingerprints(out):
 def test_rerun_after_a_code_change_recomputes(tmp_path, monkeypatch):
     suite = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False})])
     assert run_suite(suite, tmp_path).ok == 1
-    assert _fingerprints(tmp_path) == {"idlg": bench.run.version.code_fingerprint()}
+    assert _fingerprints(tmp_path) == {"idlg": bench.run.version.cell_fingerprint(suite.cells[0])}
     assert run_suite(suite, tmp_path).skipped == 1
-    monkeypatch.setattr(bench.run.version, "code_fingerprint", lambda: "0000changedcode")
+    before = _fingerprints(tmp_path)["idlg"]
+    monkeypatch.setattr(bench.run.version, "harness_hash", lambda root=None: "0000changedcode")
     again = run_suite(suite, tmp_path)
     assert (again.ok, again.skipped, again.stale) == (1, 0, 1)
-    assert _fingerprints(tmp_path) == {"idlg": "0000changedcode"}
+    assert _fingerprints(tmp_path)["idlg"] not in (before, None)
 
 
 def test_force_only_and_dry_run(tmp_path, capsys):
@@ -151,7 +152,7 @@ def test_reuse_copies_cells_computed_by_this_code(tmp_path, monkeypatch):
     assert dict(plan.plan) == {"tiny/plaintext/idlg(reconstruct=False)": "done"} and plan.reused == 1
     summary = run_suite(other, b, reuse=[a])
     assert (summary.reused, summary.skipped, summary.ok) == (1, 1, 0)
-    monkeypatch.setattr(bench.run.version, "code_fingerprint", lambda: "0000changedcode")
+    monkeypatch.setattr(bench.run.version, "harness_hash", lambda root=None: "0000changedcode")
     c = tmp_path / "c"
     summary = run_suite(other, c, reuse=[a])   # computed by other code: recomputed, not copied
     assert (summary.reused, summary.ok) == (0, 1)

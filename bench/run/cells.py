@@ -29,11 +29,14 @@ from bench.run.spec import Cell
 
 
 def environment(cell: Cell) -> dict[str, Any]:
-    """Where and with what code the cell was computed; `plugins` lists the installed plugins that took part."""
-    from bench.run.version import cell_fingerprint, cell_plugins, package_version
+    """Where and with what code the cell was computed: the fingerprint over its components' hashes (bench/run/version.py),
+    the hashes themselves, and `plugins`, the installed plugins that took part."""
+    from bench.run.version import cell_components, cell_fingerprint, cell_plugins, package_version
     plugins = cell_plugins(cell)
+    components = cell_components(cell, plugins)
     env = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-           "cpus": os.cpu_count(), "leakbench": package_version(), "fingerprint": cell_fingerprint(cell, plugins),
+           "cpus": os.cpu_count(), "leakbench": package_version(),
+           "fingerprint": cell_fingerprint(cell, components=components), "components": components,
            "device": compute_device()}
     return env | ({"plugins": plugins} if plugins else {})
 

@@ -220,7 +220,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     `executor` is a name (local, process, ray; None: local for one worker, process for more) or an
     executor object (bench/run/executors.py), which the caller then closes."""
     from bench.data.loading import resolve_data_root
-    from bench.run.version import cell_fingerprint, code_fingerprint
+    from bench.run.version import cell_fingerprint
 
     root = resolve_data_root(data_root)
     root = None if root is None else str(root)
@@ -238,7 +238,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     out = Path(out_dir)
     chosen = select(suite, only)
     fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
-    current = set(fingerprints.values()) | {code_fingerprint()}
+    current = set(fingerprints.values())
     export = None   # a new store beside an export is seeded from it; exports are read (and checked) first
     if not (out / "leakbench.sqlite").exists() and (out / "results.json").is_file():
         export = load_records(out), load_pages(out)
