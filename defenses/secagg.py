@@ -14,12 +14,11 @@ Client masking time is reported as he_encrypt_s and the server's ring sum as he_
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
 from bench.crypto import masking
+from bench.crypto.clock import Spent, now, since
 from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import Defense
 from bench.protocol.wire import CipherPart, Message, Payload, PlainPart, Upload, WireError
@@ -71,7 +70,7 @@ class _RingSum(Aggregation):
     """The server's sum mod 2^64 (bench/crypto/masking.py's ring_sum), one upload at a time."""
 
     def __init__(self, defense: SecAgg, fed):
-        self.defense, self.fed, self.total, self.senders, self.seconds = defense, fed, None, set(), 0.0
+        self.defense, self.fed, self.total, self.senders, self.seconds = defense, fed, None, set(), Spent()
 
     def fold(self, up: Upload) -> None:
         if len(up.payload.cipher) != 1 or up.payload.cipher[0].scheme != SCHEME:
@@ -81,10 +80,10 @@ class _RingSum(Aggregation):
         if len(part.blobs[0]) != 8 * part.length:
             raise WireError(up.sender, f"the masked vector has {len(part.blobs[0])} bytes for {part.length} values")
         vector = np.frombuffer(part.blobs[0], dtype="<u8")
-        started = time.perf_counter()
+        started = now()
         with np.errstate(over="ignore"):
             self.total = vector.astype(masking.RING) if self.total is None else self.total + vector
-        self.seconds += time.perf_counter() - started
+        self.seconds += since(started)
         self.senders.add(up.sender)
 
     def result(self) -> Payload:
@@ -92,9 +91,9 @@ class _RingSum(Aggregation):
         if sorted(c.index for c in fed.clients if c.name in self.senders) != self.defense.participants:
             raise WireError("the aggregation server", "an announced participant sent no upload; without dropout "
                                                       "recovery the masks do not cancel")
-        started = time.perf_counter()
+        started = now()
         total = masking.decode(self.total)
-        fed.meter.charge("he_aggregate_s", self.seconds + time.perf_counter() - started)
+        fed.meter.charge("he_aggregate_s", self.seconds + since(started))
         plain, offset = {}, 0
         for n in fed.names:
             size = int(np.prod(fed.shapes[n])) if fed.shapes[n] else 1

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
+
+from bench.crypto.clock import add_worker_cpu
 
 WORKERS_ENV = "LEAKBENCH_HE_WORKERS"
 MIN_PARALLEL_CHUNKS = 16   # below this a warm pool saves under a millisecond or two (measured break-even ~16 decrypts)
@@ -85,6 +88,13 @@ def _bounds(count: int, parts: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
+def _cpu_timed(fn: Callable[..., list], *args: Any) -> tuple[list, float]:
+    """In a worker: the results and the CPU seconds this process spent computing them."""
+    start = time.process_time()
+    results = fn(*args)
+    return results, time.process_time() - start
+
+
 def map_chunks(fn: Callable[..., list], shared: tuple, items: Sequence[Any], workers: int | None = None) -> list:
     """`fn(*shared, start, items[a:b])` over contiguous groups of `items`, results concatenated in order.
 
@@ -101,8 +111,10 @@ def map_chunks(fn: Callable[..., list], shared: tuple, items: Sequence[Any], wor
     pool = _executor(workers)
     groups = _bounds(len(items), workers * TASKS_PER_WORKER)
     try:
-        futures = [pool.submit(fn, *shared, a, list(items[a:b])) for a, b in groups]
-        return [r for f in futures for r in f.result()]
+        futures = [pool.submit(_cpu_timed, fn, *shared, a, list(items[a:b])) for a, b in groups]
+        done = [f.result() for f in futures]
+        add_worker_cpu(sum(cpu for _, cpu in done))   # the work's CPU seconds, wherever it ran (bench/crypto/clock.py)
+        return [r for results, _ in done for r in results]
     except BrokenProcessPool:
         _pool = None
         return fn(*shared, 0, list(items))

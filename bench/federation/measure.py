@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from bench.crypto.parallel import he_workers
 from bench.federation.scenario import Scenario
 from bench.federation.state import Federation, set_entries
 from bench.models import build_model, classifier_head, torch_device, update_names
@@ -65,6 +66,9 @@ def encryption_breakdown(fed: Federation) -> dict[str, Any]:
     return out
 
 
+HE_COSTS = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")
+
+
 def run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any]:
     data = fed.data
     dev = torch_device.device(fed.model)
@@ -82,7 +86,11 @@ def run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any
     metrics.update(upload_bytes=fed.traffic.per_client("up"), download_bytes=fed.traffic.per_client("down"),
                    setup_bytes=fed.traffic.setup_bytes(), wall_s=wall,
                    ciphertext_bytes=float(np.mean(fed.cipher_sizes)) if fed.cipher_sizes else 0.0,
-                   he_encrypt_s=fed.meter.mean("he_encrypt_s"), he_aggregate_s=fed.meter.mean("he_aggregate_s"),
-                   he_decrypt_s=fed.meter.mean("he_decrypt_s"))
+                   **{key: fed.meter.mean(key) for key in HE_COSTS},
+                   **{key.replace("_s", "_wall_s"): fed.meter.mean_wall(key) for key in HE_COSTS})
+    if any(fed.meter.counts.get(key) for key in HE_COSTS):
+        metrics["he_clock"] = {"he_seconds": "CPU seconds of this process and its HE worker processes "
+                                             "(bench/crypto/clock.py); *_wall_s: wall seconds",
+                               "he_workers": he_workers(), "torch_threads": torch.get_num_threads()}
     metrics.update(contracts.run_metric_values(defense, defense.run_metrics(fed)))
     return metrics

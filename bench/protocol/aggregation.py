@@ -8,12 +8,12 @@ Every upload is checked against the first one folded, with the list path's one-l
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from typing import Iterable
 
 import numpy as np
 
+from bench.crypto.clock import Spent, now, since
 from bench.protocol.wire import CipherPart, Party, Payload, PlainPart, Upload, WireError
 
 
@@ -81,7 +81,7 @@ class CipherSum:
         self.first: str | None = None
         self.heads: tuple[CipherPart, ...] = ()
         self.totals: list = []
-        self.seconds: list[float] = []
+        self.seconds: list[Spent] = []
 
     def fold(self, up: Upload) -> None:
         cipher = up.payload.cipher
@@ -91,7 +91,7 @@ class CipherSum:
             self.first = up.sender
             self.heads = tuple(CipherPart(p.scheme, (), p.layout, p.length) for p in cipher)
             self.totals = [open_aggregator(self.server.keys[p.scheme], self.server.name).running() for p in cipher]
-            self.seconds = [0.0] * len(cipher)
+            self.seconds = [Spent()] * len(cipher)
         for i, head in enumerate(self.heads):
             if len(cipher) <= i:
                 raise WireError(up.sender, f"sends {len(cipher)} ciphertext parts but {self.first} sends "
@@ -101,16 +101,16 @@ class CipherSum:
             if part.length != head.length or not same_layout(part.layout, head.layout):
                 raise WireError(up.sender, f"ciphertext part {i}'s layout ({part.length} values) differs from "
                                            f"{self.first}'s ({head.length} values); clients must agree on one layout")
-            started = time.perf_counter()
+            started = now()
             self.totals[i].fold(list(part.blobs), up.sender)
-            self.seconds[i] += time.perf_counter() - started
+            self.seconds[i] += since(started)
 
     def result(self) -> tuple[CipherPart, ...]:
         parts = []
         for head, total, seconds in zip(self.heads, self.totals, self.seconds):
-            started = time.perf_counter()
+            started = now()
             blobs = total.blobs()
-            self.fed.meter.charge("he_aggregate_s", seconds + time.perf_counter() - started)
+            self.fed.meter.charge("he_aggregate_s", seconds + since(started))
             parts.append(CipherPart(head.scheme, tuple(blobs), head.layout, head.length))
         return tuple(parts)
 

@@ -16,11 +16,10 @@ through the scenario's `defense_params`.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
+from bench.crypto import clock
 from bench.crypto.keys import provision
 from bench.protocol.configurable import Configurable
 from bench.protocol.aggregation import Aggregation
@@ -49,9 +48,9 @@ class _Timed:
         self.encryptions: list[dict] = []   # measured (values, seconds) per upload: the cost model's check
 
     def _timed_encode(self, fed, client, make) -> Payload:
-        started = time.perf_counter()
+        started = clock.now().cpu
         payload = make()
-        seconds = time.perf_counter() - started
+        seconds = clock.now().cpu - started
         self.clock.charge(fed.round, client.index, seconds)
         self.clock.upload(fed.round, client.index, payload.nbytes)
         self.encryptions.append({"round": fed.round, "client": client.name, "seconds": seconds,
@@ -181,9 +180,9 @@ class MaskCryptPaillier(_Timed, MaskCrypt):
 
     def _send_proposal(self, fed, round: int, client, update) -> np.ndarray:
         """MaskCrypt's proposal, with its cost charged to its client's round time."""
-        started = time.perf_counter()
+        started = clock.now().cpu
         proposal = self._proposal(fed, client, update)
-        self.clock.charge(round, client.index, time.perf_counter() - started)
+        self.clock.charge(round, client.index, clock.now().cpu - started)
         fed.send(client.name, "server", "mask proposal", Message(proposal.astype("<i4").tobytes(), "entries:i4"))
         return proposal
 

@@ -16,6 +16,7 @@ import json
 import numpy as np
 import torch
 
+from bench.crypto import clock
 from bench.crypto import open_aggregator, open_decryptor, open_encryptor
 from bench.protocol.wire import CipherPart, Payload, PlainPart, Upload
 from defenses.sensecrypt.slices import SliceCosts, prefix_mask, timed
@@ -180,7 +181,7 @@ def decode(fed, aggregate_payload: Payload, party, sizes: list[int], costs: Slic
     dec = open_decryptor(party.keys[SCHEME], party.name)
     real = {c: np.zeros(sum(sizes)) for c in clusters}
     decrypted = {c: np.zeros(sum(sizes), bool) for c in clusters}
-    seconds = 0.0
+    seconds, started = 0.0, clock.now()
     for part in aggregate_payload.cipher:
         values, took = timed(lambda: np.concatenate([dec.decrypt([blob], 1) for blob in part.blobs]))
         at = 0
@@ -195,8 +196,7 @@ def decode(fed, aggregate_payload: Payload, party, sizes: list[int], costs: Slic
             took = costs.record("he_decrypt", took, part.length, int(union.sum()), keep=False)
         seconds += took
     if costs is None:
-        fed.meter.totals["he_decrypt_s"] += seconds
-        fed.meter.counts["he_decrypt_s"] += 1
+        fed.meter.charge("he_decrypt_s", clock.since(started))
         return {c: out[c] + real[c] for c in clusters}
     costs.note("he_decrypt", seconds)
     simulated, costs.simulated = costs.simulated, {}

@@ -44,6 +44,7 @@ def budgets(r: list[float], v: list[float], scopes: list[int]) -> list[float]:
 class RoundClock:
     """Modelled client time per round: measured protection seconds scaled by CPU share, plus upload over bandwidth.
 
+    Protection seconds are CPU seconds (bench/crypto/clock.py), so other processes on the machine do not move them.
     Our single-process measurement stands for the fastest device (the most CPUs), so client i's
     protection time is measured * v_max / v_i; its upload takes len(upload) / (r_i MB/s). Local
     training, the same for every defense, is left out.

@@ -26,11 +26,11 @@ eta_MI = 2.0 bits, 2048-bit keys; smaller keys are reported as test_only_key_siz
 from __future__ import annotations
 
 import inspect
-import time
 
 import numpy as np
 import torch
 
+from bench.crypto import clock
 from bench.crypto.keys import provision
 from bench.protocol.defense import Defense
 from bench.protocol.wire import Message, Payload
@@ -124,10 +124,10 @@ class SenseCrypt(Defense):
             wire = gamma.astype("<f4").tobytes()
             fed.send(client.name, "server", "sensitivity vector", Message(wire, "entries:f4"))
             received.append(np.frombuffer(wire, "<f4").astype(np.float64))
-        started = time.perf_counter()
+        started = clock.now().cpu
         dist = distances(np.stack(received))
         labels, converged = affinity_propagation(dist, o["ap_preference"], fed.scenario.seed)
-        self.cluster_s = time.perf_counter() - started
+        self.cluster_s = clock.now().cpu - started
         self.truth = data_groups(fed)
         self.scores = cluster_scores(dist, labels, self.truth)   # AP's own clustering, as the paper scores it
         labels, self.singletons_merged = merge_singletons(dist, labels)
@@ -159,23 +159,23 @@ class SenseCrypt(Defense):
         for client in clients:
             fed.send("server", client.name, "FedAvg share within the cluster", 8)
             client.party.state["share"] = server.state["shares"][client.name]
-            started = time.perf_counter()
+            started = clock.now().cpu
             begin = global_params | client.local
             update = updates[client.name]
             trained = model_at(fed, {n: begin[n] + update[n] for n in fed.names})
             gamma = sensitivity(fed, trained, client.x, client.y)
             result = solve_mask(gamma, percluster.flatten(update, fed.names), client.party.state["alpha"], self.B,
                                 self.C, self.opt["eta_mi"], self.opt["mi_bins"], self.opt["solver"])
-            self.clock.charge(round, client.index, time.perf_counter() - started)
+            self.clock.charge(round, client.index, clock.now().cpu - started)
             client.party.state["mask"] = result.mask
             self.masks.append({"round": round, "client": client.name, "cluster": self.labels[client.index],
                                "alpha": client.party.state["alpha"], **result.summary(), "feasible": result.feasible})
 
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
-        started = time.perf_counter()
+        started = clock.now().cpu
         payload, measured, seconds, upload = percluster.masked_payload(
             fed, client, update, client.party.state["mask"], client.party.state["share"], self.sizes, self.costs)
-        self.clock.charge(fed.round, client.index, time.perf_counter() - started - measured + seconds)
+        self.clock.charge(fed.round, client.index, clock.now().cpu - started - measured + seconds)
         self.clock.upload(fed.round, client.index, int(upload))
         count = payload.cipher[0].length if payload.cipher else 0
         self.encryptions.append({"round": fed.round, "client": client.name, "values": count, "seconds": measured})

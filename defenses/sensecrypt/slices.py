@@ -10,7 +10,7 @@ so each cost is linear in the number of values it touches:
     server aggregation  T_agg(u) = u * t_agg                                      (u aggregated entries)
     key-server decrypt  T_dec(u) = u * t_dec
 The per-value costs are measured in every call on real ciphertexts of a slice: the first `size` values a
-client encrypts (perf_counter around the real encryption, len() of the real blobs), the first `size`
+client encrypts (CPU seconds of the real encryption, len() of the real blobs), the first `size`
 entries the aggregation server sums (its real additions and encryptions), and their real decryption.
 Each call's extrapolation is its own slice's time scaled by total / slice. The pages check the model
 against full encryptions of other sizes.
@@ -24,18 +24,18 @@ upload bytes then describe the slice only, so a sliced defense reports them as a
 """
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from bench.crypto import clock
 from bench.protocol.evidence import run_metric
 
 # The extrapolated costs: separate names so they are never read as measured values.
 for _name, _unit, _desc, _fmt in [
-    ("he_encrypt_extrapolated_s", "s", "client encryption time per upload, extrapolated from a measured slice", "{:.2f}"),
+    ("he_encrypt_extrapolated_s", "s", "client encryption time per upload (CPU seconds), extrapolated from a measured slice", "{:.2f}"),
     ("he_aggregate_extrapolated_s", "s", "server homomorphic aggregation time per round, extrapolated from a measured "
      "slice", "{:.2f}"),
     ("he_decrypt_extrapolated_s", "s", "decryption time per round, extrapolated from a measured slice", "{:.2f}"),
@@ -113,10 +113,9 @@ class SliceCosts:
 
 
 def timed(fn, *args):
-    """(result, seconds) of one real call."""
-    started = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - started
+    """(result, CPU seconds) of one real call (bench/crypto/clock.py: what the machine's load does not move)."""
+    result, spent = clock.timed(fn, *args)
+    return result, spent.cpu
 
 
 def prefix_mask(mask: np.ndarray, count: int) -> np.ndarray:

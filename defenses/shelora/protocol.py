@@ -51,11 +51,11 @@ fewer where chunk * m must fit N/2 = 4096 slots (GPT-2's m = 2304: one column a 
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import torch
 
+from bench.crypto.clock import now, since
 from bench.crypto.params import KeyMaterial
 from bench.protocol.defense import Defense
 from bench.protocol.evidence import run_metric
@@ -255,13 +255,13 @@ class SheLoRA(Defense):
             plain[layer.b] = PlainPart.of(torch.from_numpy(b_full), b_mask)
             if k:
                 columns.append((layer.a, a[:, order[:k]], ~mask & (np.arange(self.r_max) < r)[:, None]))
-        tic = time.perf_counter()
+        tic = now()
         cipher = []
         if columns:   # one timed call per upload, as every defense's he_encrypt_s
             with fed.meter.time("he_encrypt_s"):
                 cipher = [CipherPart("ckks", tuple(he.encrypt_blocks(client.party.keys["ckks"], cols, self.chunk[a])),
                                      ((a, hidden),), r * k) for a, cols, hidden in columns]
-        enc_s = time.perf_counter() - tic
+        enc_s = since(tic).cpu
         for name in self.extra:
             plain[name] = PlainPart.of(trained[name])
         meta = {"she-lora negotiation (OPE)": self.requests.pop(client.name)} if client.name in self.requests else {}
