@@ -136,9 +136,15 @@ def _run(args) -> int:
     # without the grid points a defense cannot apply to (shown n/a); a dry run builds models without weights
     suite = preflight(suite, args.data_root, args.only, weights=not args.dry_run)
     check_out(args.out)
+    reuse = list(args.reuse or [])
+    committed = committed_results(suite.extends) if suite.extends else None
+    if committed is not None and not any(Path(r).resolve() == committed.resolve() for r in reuse):
+        reuse.append(committed)   # the base's committed cells that this code computed are copied, not rerun
+        say(f"suite {suite.name}: extends {suite.extends}; its committed records ({committed}) are reused where "
+            "the current code computed them")
     summary = run_suite(suite, args.out, data_root=args.data_root, workers=args.workers, progress=tqdm,
                         force=args.force, only=args.only, dry_run=args.dry_run, executor=args.executor,
-                        ray_address=args.ray_address, reuse=args.reuse)
+                        ray_address=args.ray_address, reuse=reuse)
     if summary.seeded:
         say(f"suite {suite.name}: {summary.seeded} cell(s) seeded from {args.out}/results.json")
     if summary.reused:
@@ -221,6 +227,14 @@ def _site(args) -> int:
     from bench.run.version import staleness
     say(f"site: {build_site(args.root, current=builtin_page_info, generated=date, stale=staleness)}")
     return 0
+
+
+def committed_results(suite: str) -> Path | None:
+    """The committed results folder of a built-in suite in this checkout (leaderboards/results/NAME), if any."""
+    from bench.run.version import ROOT
+
+    folder = ROOT / "leaderboards" / "results" / suite
+    return folder if (folder / "results.json").is_file() else None
 
 
 def builtin_page_info(suite: str) -> dict | None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,3 +132,27 @@ def check_timeout(value: Any, where: str) -> float | None:
         raise SpecError(f"{where} must be a finite number of seconds > 0, got {value!r}; e.g. 3600 (an hour), or "
                         "leave it out for no limit")
     return float(value)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A suite file's TOML, refused in one line when it is too large, not UTF-8, nested too deep or not TOML."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise SpecError(f"suite file '{path}' holds {size:,} bytes, over the {MAX_BYTES:,} a suite may; a grid "
+                            "that large is written with sweeps")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(f"suite file '{path}' is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    except OSError as err:
+        raise SpecError(f"suite file '{path}' cannot be read ({err.strerror}); check its permissions") from None
+    depth, line = text_depth(text)
+    if depth > MAX_DEPTH:
+        raise SpecError(f"suite file '{path}' line {line}: values nest deeper than {MAX_DEPTH} levels of [ ] and "
+                        "{ }; parameters are numbers, strings or short lists, so flatten them")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"suite file '{path}' is not valid TOML: {str(err).splitlines()[0]}") from None
+    except RecursionError:   # nesting the scan above does not count (it counts brackets only)
+        raise SpecError(f"suite file '{path}' nests its values too deep to read; flatten them") from None

@@ -11,14 +11,14 @@ import difflib
 import itertools
 import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name
 from bench.protocol.records import config_id
-from bench.run.limits import MAX_BYTES, MAX_DEPTH, Limits, check_count, check_depth, check_timeout, text_depth
+from bench.run.inherit import base_data, inherit
+from bench.run.limits import Limits, check_count, check_depth, check_timeout, read_toml
 from bench.run.mistakes import check_data_fields, check_pages, check_unique, known_names
 
 
@@ -80,6 +80,8 @@ class Suite:
     not_applicable: tuple[tuple[str, str, str], ...] = ()
     chance: tuple[tuple[str, float], ...] = ()   # (scenario, 1 / classes) where the task is classification
     unchecked: tuple[str, ...] = ()       # scenarios the load-time checks skipped (no cell selected by --only)
+    extends: str = ""                     # the suite whose evaluation this one joins (bench/run/inherit.py)
+    added: tuple[str, ...] = ()           # the defense labels it adds to its base's
 
     def page_info(self) -> dict[str, Any]:
         """What a page needs beside the records: the notes, and the facts verdicts are judged against (which rows
@@ -96,7 +98,8 @@ class Suite:
         return {"description": self.description, "notes": self.notes, "figures": list(self.figures),
                 "paper": list(self.paper), "undefended": undefended,
                 "untrained": [n for n, (ref, trains) in role.items() if ref and not trains],
-                "not_applicable": na, "chance": dict(self.chance)}
+                "not_applicable": na, "chance": dict(self.chance),
+                **({"extends": self.extends, "added": list(self.added)} if self.extends else {})}
 
     @property
     def scenarios(self) -> list[Scenario]:
@@ -247,7 +250,8 @@ def _narrowing(table: dict[str, Any], key: str, components: list[Component], ind
             if scenario in confined.get(pos, [scenario])]
 
 
-TOP_KEYS = ["name", "description", "notes", "cell_timeout_s", "figures", "paper", "scenarios", "defenses", "attacks"]
+TOP_KEYS = ["name", "extends", "description", "notes", "cell_timeout_s", "figures", "paper", "scenarios", "defenses",
+            "attacks"]
 SCENARIO_ONLY = ("defenses", "attacks", "defense_params", "cell_timeout_s")   # keys of the table, not the Scenario
 
 
@@ -286,6 +290,9 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
 
     where = f"suite {source or '<inline>'}"
     limits = limits or Limits.resolve()
+    base = None
+    if isinstance(data, dict) and "extends" in data:
+        data, base = inherit(data, where, lambda ref: base_data(ref, source, where))
     name = _head(data, where)
     check_count(where, "scenarios", len(data["scenarios"]), limits.scenarios, "--max-scenarios")
     default_timeout = check_timeout(cell_timeout_s, "--cell-timeout") if cell_timeout_s is not None else \
@@ -340,8 +347,12 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
     known = known_names([s for s, _, _ in scenarios], defenses, attacks)
     figures, paper = tuple(data.get("figures", [])), tuple(data.get("paper", []))
     check_pages(figures, paper, known, where)
+    added = ()
+    if base is not None:
+        inherited = {d.label for d in _components(base["defenses"], "defense", DEFENSES, where, limits.cells)[0]}
+        added = tuple(d.label for d in defenses if d.label not in inherited)
     return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures,
-                 paper)
+                 paper, extends=str(base["name"]) if base is not None else "", added=added)
 
 
 def load_suite(ref: str | Path, limits: Limits | None = None, cell_timeout_s: float | None = None) -> Suite:
@@ -364,33 +375,9 @@ def load_suite(ref: str | Path, limits: Limits | None = None, cell_timeout_s: fl
         if not exists:
             raise SpecError(f"suite file '{path}' does not exist; pass a built-in name ({', '.join(SUITES.names())}) "
                             "or an existing .toml path")
-        return parse_suite(_read_toml(path), str(path), limits, cell_timeout_s)
+        return parse_suite(read_toml(path), str(path), limits, cell_timeout_s)
     try:
         suite_path = SUITES.get(ref)
     except KeyError as err:
         raise SpecError(str(err)) from None
-    return parse_suite(_read_toml(Path(suite_path)), str(ref), limits, cell_timeout_s)
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    """A suite file's TOML, refused in one line when it is too large, not UTF-8, nested too deep or not TOML."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise SpecError(f"suite file '{path}' holds {size:,} bytes, over the {MAX_BYTES:,} a suite may; a grid "
-                            "that large is written with sweeps")
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SpecError(f"suite file '{path}' is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
-    except OSError as err:
-        raise SpecError(f"suite file '{path}' cannot be read ({err.strerror}); check its permissions") from None
-    depth, line = text_depth(text)
-    if depth > MAX_DEPTH:
-        raise SpecError(f"suite file '{path}' line {line}: values nest deeper than {MAX_DEPTH} levels of [ ] and "
-                        "{ }; parameters are numbers, strings or short lists, so flatten them")
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"suite file '{path}' is not valid TOML: {str(err).splitlines()[0]}") from None
-    except RecursionError:   # nesting the scan above does not count (it counts brackets only)
-        raise SpecError(f"suite file '{path}' nests its values too deep to read; flatten them") from None
+    return parse_suite(read_toml(Path(suite_path)), str(ref), limits, cell_timeout_s)

@@ -1,0 +1,70 @@
+"""A suite that extends another: `extends = "core"` joins the base suite's evaluation with rows of one's own.
+
+The extending suite inherits the base's scenarios, defenses and attacks (with the scenarios each is confined to),
+and adds its own tables. A defense or attack it adds joins every base scenario, also those whose `defenses` or
+`attacks` list narrows what runs there, unless its own `scenarios` list confines it; a scenario it adds runs what
+its own table says. Its name, description and notes are its own; the base's figures and paper rows come with it.
+Cell ids do not name the suite, so the base's stored cells are the extending suite's own: with the base's
+committed records at hand (`--reuse`, added by the CLI where the checkout holds them), only the added cells run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.federation.scenario import SpecError
+from bench.run.limits import read_toml
+
+
+
+def inherit(data: dict[str, Any], where: str,
+            read_base: Callable[[str], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`data` with its base's tables laid under its own (the input is not changed), and the base's data;
+    `read_base(name)` reads the base suite's TOML data, a SpecError in one line when there is none."""
+    base_name = data["extends"]
+    if not isinstance(base_name, str) or not base_name.strip():
+        raise SpecError(f"{where}: 'extends' must name a suite, e.g. extends = \"core\"; got {base_name!r}")
+    base = read_base(base_name)
+    if "extends" in base:
+        raise SpecError(f"{where}: extends '{base_name}', which itself extends '{base['extends']}'; extend "
+                        f"'{base['extends']}' directly and add both suites' rows")
+    if base.get("name") == data.get("name"):
+        raise SpecError(f"{where}: an extending suite needs a name of its own, not the base's '{base_name}'; e.g. "
+                        f"name = \"{base_name}-plus-mine\"")
+    base_scenarios = [t for t in base.get("scenarios", []) if isinstance(t, dict)]
+    names = {t.get("name") for t in base_scenarios}
+    for table in data.get("scenarios", []):
+        if isinstance(table, dict) and table.get("name") in names:
+            raise SpecError(f"{where}: scenario '{table['name']}' is already the base suite '{base_name}''s; a "
+                            "scenario of its own needs a new name (the base's stays as it is)")
+    scenarios = [dict(t) for t in base_scenarios] + list(data.get("scenarios", []))
+    for kind in ("defenses", "attacks"):
+        for table in data.get(kind, []):
+            if not isinstance(table, dict) or not isinstance(table.get("name"), str):
+                continue   # parse_suite names the fault
+            confined = table.get("scenarios")
+            for scenario in scenarios[:len(base_scenarios)]:
+                listed = scenario.get(kind)
+                joins = confined is None or (isinstance(confined, list) and scenario.get("name") in confined)
+                if isinstance(listed, list) and joins and table["name"] not in listed:
+                    scenario[kind] = [*listed, table["name"]]
+    out = {k: v for k, v in data.items() if k != "extends"}
+    out["scenarios"] = scenarios
+    for key in ("defenses", "attacks", "figures", "paper"):
+        out[key] = list(base.get(key, [])) + list(data.get(key, []))
+    if not out.get("description"):
+        out["description"] = f"{base.get('description', base_name)} (extended: {data.get('name')})"
+    return out, base
+
+
+def base_data(ref: str, source: str, where: str) -> dict[str, Any]:
+    """The TOML data of the suite `extends` names: a built-in suite, or a file beside the extending one."""
+    from bench.registry import SUITES
+
+    beside = Path(source).parent / ref if source.endswith(".toml") else None
+    if beside is not None and beside.is_file():
+        return read_toml(beside)
+    if ref in SUITES:
+        return read_toml(Path(SUITES.get(ref)))
+    raise SpecError(f"{where}: extends '{ref}', which is neither a built-in suite ({', '.join(SUITES.names())}) nor "
+                    "a .toml file beside this one")
