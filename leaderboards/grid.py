@@ -8,7 +8,10 @@ says "no verdict" where the attack fails on the undefended row of its scenario (
 "n/a" where the defense cannot apply to the scenario (with its declared reason), "blocked by design" where
 the view or protocol prevents the attack. Utility (leaderboards/usefulness.py) and HE cost come from the same
 scenarios; each row counts the applicable attacks it was measured against. An attack run on FedSGD gradients
-and on FedAvg deltas gets a column for each.
+and on FedAvg deltas gets a column for each, and so does an attack run on the trained model (a cell whose
+scenario attacks at a round in the second half of training: attack_round >= rounds / 2) beside its round-0
+column. Rows follow leaderboards/ordering.py's stated rule; a row's utility is its loss against the undefended
+row of each scenario that measures utility, with a 95% interval (leaderboards/utility_loss.py).
 """
 from __future__ import annotations
 
@@ -16,20 +19,24 @@ from typing import Any, Callable
 
 from leaderboards.calibration import calibrate, record_verdict
 from leaderboards.formats import interval, is_number, number
+from leaderboards.ordering import LEAKING, order
 from leaderboards.schema import MALICIOUS, family, schema_of
 from leaderboards.tables import FAMILY_ORDER, attack_label, defense_label, sources
 from leaderboards.usefulness import measures_utility, useless
+from leaderboards.utility_loss import diverged_text, run_of, undefended_run, utility_loss
 from leaderboards.verdicts import BANDS, LEVELS, Verdict, worst
 
 GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
 FEDAVG = " · FedAvg update"   # a column of an attack on a local-training delta beside its FedSGD column
+TRAINED = " · trained model"  # a column of an attack on the trained model beside its round-0 column
+STAGES = ("round 0", "trained")
 HEADLINE = ("psnr", "lpips", "rouge1", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "label_acc", "lnacc", "leacc")
 FAMILY_HEADLINE = {"audit": ("audited_epsilon",),   # the audit column's headline is its epsilon
                    "image" + MALICIOUS: ("images_recovered",)}
 HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")
 
 
-def _headline(recs: list[dict[str, Any]], fam: str) -> str | None:
+def headline(recs: list[dict[str, Any]], fam: str) -> str | None:
     """A column's headline: the first metric of its family's list (else the shared list) its records report."""
     present = {k for r in recs if r["status"] == "ok" for k, v in r["metrics"].items() if is_number(v)}
     return next((k for k in FAMILY_HEADLINE.get(fam, ()) + HEADLINE if k in present), None)
@@ -47,32 +54,47 @@ def _support(rec: dict[str, Any], fam: str, key: str | None) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
+def _scenario(rec: dict[str, Any]) -> dict[str, Any]:
+    return (rec.get("config") or {}).get("scenario") or {}
+
+
 def _update(rec: dict[str, Any]) -> str:
-    return ((rec.get("config") or {}).get("scenario") or {}).get("attack_update", "gradient")
+    return _scenario(rec).get("attack_update", "gradient")
+
+
+def stage(rec: dict[str, Any]) -> str:
+    """"trained" when the cell attacks a round in the second half of its scenario's training, else "round 0"."""
+    at, rounds = _scenario(rec).get("attack_round", 0), _scenario(rec).get("rounds")
+    return STAGES[1] if is_number(at) and is_number(rounds) and rounds > 0 and at >= rounds / 2 else STAGES[0]
 
 
 def _column_of(records: list[dict[str, Any]]) -> Callable[[dict[str, Any]], str]:
     """Record -> its column: the attack label, split by the upload it read (FedSGD gradient or FedAvg delta) where
-    the same attack ran on both, so the page shows how much of its leakage survives local training."""
+    the same attack ran on both, so the page shows how much of its leakage survives local training, and marked
+    when it attacked the trained model."""
     kinds: dict[str, set[str]] = {}
     for r in records:
         kinds.setdefault(attack_label(r), set()).add(_update(r))
     split = {a for a, k in kinds.items() if len(k) > 1}
-    return lambda r: attack_label(r) + (FEDAVG if attack_label(r) in split and _update(r) == "delta" else "")
+    return lambda r: (attack_label(r) + (FEDAVG if attack_label(r) in split and _update(r) == "delta" else "")
+                      + (TRAINED if stage(r) == STAGES[1] else ""))
 
 
 def _columns(records: list[dict[str, Any]], column_of) -> list[dict[str, Any]]:
     ids = list(dict.fromkeys(column_of(r) for r in records if family(r) not in ("reference", "")))
     fam = {c: family(next(r for r in records if column_of(r) == c)) for c in ids}
-    order = GRID_FAMILIES + tuple(f + MALICIOUS for f in GRID_FAMILIES)   # the malicious server's columns last
-    ids.sort(key=lambda c: (order.index(fam[c]) if fam[c] in order else len(order), c))
+    rank = GRID_FAMILIES + tuple(f + MALICIOUS for f in GRID_FAMILIES)   # the malicious server's columns last
+    ids.sort(key=lambda c: (rank.index(fam[c]) if fam[c] in rank else len(rank), c.removesuffix(TRAINED), c))
     schema = schema_of(records)
     cols = []
     for c in ids:
         mine = [r for r in records if column_of(r) == c]
-        key, a = _headline(mine, fam[c]), attack_label(mine[0])
+        key, a = headline(mine, fam[c]), attack_label(mine[0])
+        rounds = sorted({(_scenario(r).get("attack_round", 0), _scenario(r).get("rounds")) for r in mine}, key=str)
         cols.append({"id": c, "attack": a, "name": mine[0]["attack"], "params": a[len(mine[0]["attack"]):],
-                     "upload": c[len(a):].strip(" ·"), "family": fam[c], "key": key, "shown": schema.get(key),
+                     "upload": FEDAVG.strip(" ·") if FEDAVG in c else "", "family": fam[c], "key": key,
+                     "shown": schema.get(key), "stage": stage(mine[0]),
+                     "rounds": ", ".join(f"round {at}" + (f" of {n}" if n else "") for at, n in rounds),
                      "scenarios": list(dict.fromkeys(r["scenario"] for r in mine)),
                      "sources": sources(mine[0], "attack")})
     return cols
@@ -95,7 +117,8 @@ def _cell(recs: list[dict[str, Any]], col: dict[str, Any], cal: dict, schema, hr
     for status in ("diverged", "failed"):
         hit = [r for r in judged if r["status"] == status]
         if hit:
-            return {"kind": status, "verdict": Verdict("", status, hit[0]["reason"]), "sort": "", "href": href(hit[0])}
+            text = diverged_text(hit[0]) if status == "diverged" else status
+            return {"kind": status, "verdict": Verdict("", text, hit[0]["reason"]), "sort": "", "href": href(hit[0])}
     if judged:   # every calibrated scenario blocked it
         reason = judged[0]["reason"].removeprefix("blocked by design: ")
         return {"kind": "blocked", "verdict": Verdict("blocked", "blocked by design", reason), "sort": 0,
@@ -142,6 +165,10 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
             cell["repeat"] = (cell["kind"] in ("na", "blocked", "uncal") and prev["kind"] == cell["kind"]
                               and prev["verdict"].why == cell["verdict"].why)
         no_util = "; ".join(f"{s}: {flat[s][d]}" for s in scenarios if d in flat[s])
+        utility = _utility([r for r in mine if r["scenario"] in judged], records, info, href)
+        verdicts = [(col["family"], c["verdict"].level) for col, c in zip(columns, cells)
+                    if c["kind"] in ("ok", "blocked") and c["verdict"].level in LEVELS]
+        leaked = [f for f, level in verdicts if level in LEAKING]
         rows.append({"name": d, "defense": mine[0]["defense"] if mine else d,
                      "sources": sources(mine[0], "defense") if mine else {},
                      "cells": cells, "measured": measured, "applicable": applicable, "no_utility": no_util,
@@ -149,10 +176,15 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
                                        if r["details"].get("key_topology")), ""),
                      "verdict": worst([c["verdict"] for c in cells if c["kind"] in ("ok", "blocked")])
                      if measured else Verdict("", "n/a" if not applicable else "not run", ""),
-                     "utility": _utility([r for r in mine if r["scenario"] in judged], records, info, href),
-                     "he": _he(mine, href)})
-    rows.sort(key=lambda r: (bool(r["no_utility"]), LEVELS.index(r["verdict"].level)
-                             if r["verdict"].level in LEVELS else len(LEVELS), r["name"]))
+                     "leaks": frozenset(leaked), "judged": len(verdicts),
+                     "share": len(leaked) / len(verdicts) if verdicts else 0.0,
+                     "loss": utility[0]["relative"] if utility else None,
+                     "utility": utility, "he": _he(mine, href)})
+    rows = order(rows)
+    for i, row in enumerate(rows):   # anchors the summary above the grid links to
+        row["id"] = f"grid-row{i}"
+        for j, cell in enumerate(row["cells"]):
+            cell["id"] = f"grid-row{i}-col{j}"
     families = []
     for col in columns:
         if families and families[-1]["family"] == col["family"]:
@@ -164,25 +196,16 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
 
 
 def _utility(mine, records, info, href) -> list[dict[str, Any]]:
-    """Per core scenario that measures utility: the row's accuracy (else perplexity) beside the undefended row's,
-    the largest relative loss first (a drop in accuracy and a rise in perplexity compare as fractions of the
-    undefended value, not in their own units)."""
-    undefended = set(info.get("undefended") or ())
+    """Per core scenario that measures utility: the row's loss against the undefended row's utility there, with its
+    95% interval (leaderboards/utility_loss.py), the largest relative loss first (a drop in accuracy and a rise in
+    perplexity compare as fractions of the undefended value, not in their own units)."""
     out = []
     for s in dict.fromkeys(r["scenario"] for r in mine):
-        rec = next((r for r in mine if r["scenario"] == s and r["metrics"]), None)
-        if rec is None:
-            continue
-        metric = next((m for m in ("accuracy", "perplexity") if is_number(rec["metrics"].get(m))), None)
-        if metric is None:
-            continue
-        plain = next((r["metrics"][metric] for r in records if r["scenario"] == s and defense_label(r) in undefended
-                      and is_number(r["metrics"].get(metric))), None)
-        value = rec["metrics"][metric]
-        loss = 0.0 if not plain else (plain - value) / plain * (1 if metric == "accuracy" else -1)
-        out.append({"scenario": s, "metric": metric, "value": value, "plain": plain,
-                    "href": href(rec), "loss": loss})
-    return sorted(out, key=lambda u: -u["loss"])
+        rec = run_of([r for r in mine if r["scenario"] == s])
+        loss = utility_loss(rec, undefended_run([r for r in records if r["scenario"] == s], info)) if rec else None
+        if loss is not None:
+            out.append({**loss, "scenario": s, "href": href(rec)})
+    return sorted(out, key=lambda u: -u["relative"])
 
 
 def _he(mine, href) -> dict[str, Any] | None:

@@ -9,19 +9,25 @@ suite and scenario it comes from. "Blocked by design" only where every attack of
 blocked wherever the defense met one.
 
 Utility cost: the largest drop of the scenario's utility metric (accuracy, else perplexity, else
-the first utility metric with a direction) below the best row of the same scenario; scenarios
-with one defense (however many of its settings) say nothing. HE cost: the largest homomorphic-encryption time per round
-(encrypt + aggregate + decrypt) and that cell's upload size against the scenario's leanest.
+the first utility metric with a direction) below the best row of the same scenario, only in scenarios
+that measure utility (leaderboards/usefulness.py: the undefended model learns); scenarios with one
+defense (however many of its settings) say nothing, and a diverged training reads "diverged at round r".
+HE cost: the largest homomorphic-encryption time per round (encrypt + aggregate + decrypt) and that
+cell's upload size against the scenario's leanest. Utility and HE cost are read from every record of a
+defense; only verdicts need a calibrated attack. The untrained model (page info `untrained`) is a
+yardstick, not a defense: it has no row.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from leaderboards.calibration import calibrate, calibrated
 from leaderboards.formats import is_number, number
 from leaderboards.safe import site_href
 from leaderboards.schema import family, schema_of
-from leaderboards.usefulness import useless
+from leaderboards.usefulness import measures_utility, useless
+from leaderboards.utility_loss import diverged_round, diverged_text
 from leaderboards.tables import FAMILY_ORDER, HEADLINE, attack_label, defense_label, sources
 from leaderboards.verdicts import BANDS, LEVELS, Verdict, band, worst
 
@@ -69,12 +75,19 @@ def _family_cell(mine: list[tuple[dict, dict]], key: str, shown, banded: list[st
 
 
 def _utility(records: list[tuple[dict, dict]], schema) -> dict[tuple, dict[str, Any]]:
-    """Per (suite, scenario, defense label): its utility cost against the scenario's best row."""
+    """Per (suite, scenario, defense label): its utility cost against the scenario's best row, in the scenarios
+    that measure utility."""
     out = {}
     scenarios: dict[tuple, list] = {}
     for entry, rec in records:
         scenarios.setdefault((entry["name"], rec["suite"], rec["scenario"]), []).append((entry, rec))
     for recs in scenarios.values():
+        entry0, rec0 = recs[0]
+        info = (entry0.get("infos") or {}).get(rec0["suite"], {})
+        if not measures_utility([r for _, r in recs], info, rec0["scenario"], defense_label):
+            continue   # the undefended model learned nothing here: no row's utility says anything
+        flat = useless([r for _, r in recs], info, rec0["scenario"], defense_label)
+        recs = [(e, r) for e, r in recs if r["defense"] not in set(info.get("untrained") or ())]
         present = {k for _, r in recs for k, v in r["metrics"].items() if is_number(v)}
         metric = next((m for m in UTILITY if m in present), None) or next(
             (m for m in sorted(present) if schema[m].kind == "utility" and schema[m].lower_is_better is not None), None)
@@ -82,22 +95,25 @@ def _utility(records: list[tuple[dict, dict]], schema) -> dict[tuple, dict[str, 
             continue
         runs = {}
         for entry, rec in recs:
-            if is_number(rec["metrics"].get(metric)):
+            if is_number(rec["metrics"].get(metric)) or diverged_round(rec) is not None:
                 runs.setdefault(defense_label(rec), (entry, rec))
-        if len({rec["defense"] for _, rec in runs.values()}) < 2:
+        finite = [r["metrics"][metric] for _, r in runs.values()
+                  if diverged_round(r) is None and is_number(r["metrics"].get(metric))]
+        if len({rec["defense"] for _, rec in runs.values()}) < 2 or not finite:
             continue   # one defense's own settings against each other: no cost of the defense
         higher = schema[metric].lower_is_better is False
-        entry0, rec0 = recs[0]
-        flat = useless([r for _, r in recs], (entry0.get("infos") or {}).get(rec0["suite"], {}), rec0["scenario"],
-                       defense_label)
-        best = (max if higher else min)(r["metrics"][metric] for _, r in runs.values())
+        best = (max if higher else min)(finite)
         for label, (entry, rec) in runs.items():
+            base = {"metric": schema[metric], "best": best, "no_utility": flat.get(label, ""), **_where(entry, rec)}
+            if diverged_round(rec) is not None:   # a diverged model's last number is no utility: say so instead
+                out[(rec["suite"], rec["scenario"], label)] = {**base, "diverged": diverged_text(rec), "value": None,
+                                                               "drop": math.inf, "delta": None, "relative": math.inf}
+                continue
             value = rec["metrics"][metric]
             drop = (best - value) if higher else (value - best)
             out[(rec["suite"], rec["scenario"], label)] = {
-                "metric": schema[metric], "value": value, "best": best, "drop": drop, "delta": value - best,
-                "relative": drop / abs(best) if best else drop, "no_utility": flat.get(label, ""),
-                **_where(entry, rec)}
+                **base, "diverged": "", "value": value, "drop": drop, "delta": value - best,
+                "relative": drop / abs(best) if best else drop}
     return out
 
 
@@ -151,15 +167,16 @@ def overview(entries: list[dict[str, Any]]) -> dict[str, Any]:
                          and (words is None or BANDS[k].words == words)})
         columns.append({"family": fam, "key": key, "shown": schema[key], "banded": banded,
                         "direction": "desc" if schema[key].lower_is_better is False else "asc"})
-    utility, he = _utility(pairs, schema), _he(pairs)
+    utility, he = _utility(everything, schema), _he(everything)
+    untrained = {d for e in entries for info in (e.get("infos") or {}).values() for d in info.get("untrained") or ()}
     rows = []
-    for name in sorted({r["defense"] for _, r in everything}):
+    for name in sorted({r["defense"] for _, r in everything} - untrained):
         mine = [(e, r) for e, r in pairs if r["defense"] == name]
         unjudged = [(e, r) for e, r in everything if r["defense"] == name and (e, r) not in mine]
         cells = [_family_cell([(e, r) for e, r in mine if family(r) == c["family"]], c["key"], c["shown"], c["banded"],
                               schema, [(e, r) for e, r in unjudged if family(r) == c["family"]]) for c in columns]
+        labels = sorted({(r["suite"], r["scenario"], defense_label(r)) for _, r in mine + unjudged})   # ties: stable
         mine = mine or unjudged   # a defense measured only by uncalibrated attacks keeps its row (no verdict)
-        labels = sorted({(r["suite"], r["scenario"], defense_label(r)) for _, r in mine})   # ties: stable pick
         costs = [utility[k] for k in labels if k in utility]
         hes = [he[k] for k in labels if k in he]
         rows.append({

@@ -2,6 +2,8 @@
 results (nothing is rerun) and a front page that is the leaderboard: every defense across every
 suite, the worst case per attack family with its verdict band, utility and HE cost, each cell
 linking to the suite and scenario it comes from (leaderboards/overview.py), then the suite list.
+Above it, from the standard suite: a one-screen summary (leaderboards/summary.py) of the core grid
+(leaderboards/grid.py), and from the sweep suite the privacy-utility frontier (leaderboards/frontier.py).
 
     leakbench site leaderboards/results [--date YYYY-MM-DD]
 
@@ -14,13 +16,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from leaderboards.export import load_pages, load_records
+from leaderboards.frontier import frontier
 from leaderboards.grid import grid
+from leaderboards.ordering import RULE
 from leaderboards.overview import overview
 from leaderboards.render import band_rows, env, provenance, render
 from leaderboards.safe import site_href
 from leaderboards.schema import described
+from leaderboards.summary import summarize
 
 STANDARD = "core"   # the suite whose grid heads the front page: every defense x every applicable attack
+FRONTIER = "frontier"   # the suite whose sweeps draw the front page's privacy-utility frontier
 Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info, None when it has none
 # records -> each one's components computed by other code than the running code's (bench/run/version.py's staleness)
 Stale = Callable[[list], "dict[str, list[str]]"]
@@ -69,8 +75,10 @@ def build_site(root: str | Path, current: Info | None = None, generated: str | N
     board = overview(entries)
     standard = next((e for e in entries if e["suites"] == [STANDARD]), None)
     core = grid(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None
+    sweep = next((e for e in entries if e["suites"] == [FRONTIER]), None)
     html = env().get_template("site.html.j2").render(
-        entries=entries, board=board, core=core, generated=generated, bands=band_rows(),
-        provenance=provenance([r for e in entries for r in e["records"]]))
+        entries=entries, board=board, core=core, summary=summarize(core) if core else None, rule=RULE,
+        frontier=frontier(sweep["name"], sweep["records"], sweep["infos"][FRONTIER]) if sweep else None,
+        generated=generated, bands=band_rows(), provenance=provenance([r for e in entries for r in e["records"]]))
     (root / "index.html").write_text(html)
     return root / "index.html"

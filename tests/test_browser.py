@@ -263,3 +263,33 @@ def test_the_core_grid_heads_the_front_page_every_row_visible(tmp_path):
         browser.quit()
     counted = walk(tmp_path / "site", tmp_path)   # every header sorts, every link resolves, the body fits
     assert counted["pages"] == 4
+
+
+def test_the_summary_fits_one_screen_and_the_frontier_links_resolve(tmp_path):
+    """At 1400 x 900 the summary above the core grid fits one screen; the frontier's SVG points are links that
+    resolve, beside a table of the same numbers, and the page needs no script for them."""
+    pytest.importorskip("selenium")
+    from test_front_page import frontier_records
+
+    from leaderboards.render import render
+    root = tmp_path / "site"
+    render(frontier_records(), {"frontier": {"undefended": ["plain"], "untrained": [], "chance": {"images": 0.1}}},
+           root / "frontier")
+    front = core_site(root)
+    browser = _driver(tmp_path)
+    try:
+        browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+        browser.get(front.as_uri())
+        box = browser.execute_script("var r = document.getElementById('core-summary').getBoundingClientRect();"
+                                     "return [r.width, r.height];")
+        assert box[0] <= 1400 and box[1] <= 900, f"the summary takes {box} px"
+        rows = browser.find_elements("css selector", "#core-summary tbody tr")
+        assert len(rows) == 16 and rows[0].find_element("css selector", "a").get_attribute("href").endswith("#grid-row0")
+        points = browser.find_elements("css selector", "#frontier svg a")
+        assert len(points) == 5 and all(p.get_dom_attribute("href").endswith("frontier/index.html#frontier--images")
+                                        for p in points)
+        assert "Pareto front" in browser.find_element("css selector", "#frontier table").text
+    finally:
+        browser.quit()
+    assert walk(root, tmp_path)["pages"] == 5   # every link (the SVG's too) resolves, every header sorts

@@ -190,4 +190,5 @@ def test_a_rows_utility_headline_is_its_largest_relative_loss_across_metrics():
                rec("mask", "mia-ref", scenario="lm", mia_auroc=0.5, perplexity=102.0)]
     mask = next(r for r in grid("core", records, info)["rows"] if r["name"] == "mask")
     assert [u["scenario"] for u in mask["utility"]] == ["img", "lm"]
-    assert mask["utility"][0]["loss"] == pytest.approx(0.1) and mask["utility"][1]["loss"] == pytest.approx(0.02)
+    assert mask["utility"][0]["relative"] == pytest.approx(0.1) and mask["utility"][1]["relative"] == pytest.approx(0.02)
+    assert mask["utility"][0]["loss"] == pytest.approx(0.05) and mask["utility"][1]["loss"] == pytest.approx(1.02)

@@ -134,3 +134,19 @@ def test_notes_keep_relative_site_links_and_drop_raw_html():
     assert "<script" not in html and 'href="//evil.example"' not in html
     assert notes_html("") == "" and notes_html(None) == ""
     assert site_href("javascript:alert(1)", fragment="a--b") == "javascript%3Aalert%281%29/index.html#a--b"
+
+
+def test_a_hostile_frontier_suite_renders_inert(tmp_path):
+    """The frontier's inline SVG carries record names in tooltips and labels, and links built from a folder name."""
+    name = "javascript:alert(12)"
+    evil = record(f"evil{IMG}", "idlg", "s", suite="frontier", psnr=12.0, accuracy=0.8, he_encrypt_s=1.0)
+    records = [consistent({**r, "scenario": "s"}) for r in hostile_records("frontier") + [evil]]
+    render(records, {"frontier": {}}, tmp_path / name)
+    (tmp_path / name / "pages.json").write_text(json.dumps({"frontier": {
+        "undefended": [r["defense"] + "(note=" + SCRIPT + ")" for r in records[:1]], "notes": NOTES}}))
+    assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 0
+    front = (tmp_path / "index.html").read_text()
+    assert_inert(front)
+    section = front[front.index('id="frontier"'):front.index('id="board"')]
+    assert "<svg" in section and 'href="javascript%3Aalert%2812%29/index.html#frontier--s"' in section
+    assert "<script" not in section and "&lt;script&gt;" in section

@@ -1,0 +1,225 @@
+"""The front page's reading rules on hand-built records: the stated row order respects dominance, a diverged row
+reads "diverged at round r", utility loss carries a paired interval where per-example results allow one, the
+summary splits round 0 from the trained model, the frontier marks its Pareto set, and the across-suites table
+reads utility only where a scenario measures it."""
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_leaderboard import rec
+
+from bench.protocol.records import config_id
+from leaderboards.frontier import frontier, pareto_front, ticks
+from leaderboards.grid import grid
+from leaderboards.ordering import dominates, order
+from leaderboards.overview import overview
+from leaderboards.summary import summarize
+from leaderboards.utility_loss import (paired_accuracy_gap, paired_perplexity_ratio, unpaired_accuracy_gap,
+                                       utility_loss)
+
+INFO = {"undefended": ["plain"], "untrained": ["base"], "chance": {"s": 0.1, "early": 0.1, "late": 0.1}}
+FAMILIES = ("image", "text", "label", "membership")
+
+
+def at(r, **scenario):
+    """The record attacked as the scenario config says (attack_round, rounds), its cell id rehashed."""
+    r["config"]["scenario"].update(scenario)
+    r["cell_id"] = config_id(r["config"])
+    return r
+
+
+def _row(name, leaks, share, loss, no_utility=False, judged=4):
+    return {"name": name, "leaks": frozenset(leaks), "share": share, "loss": loss, "no_utility": no_utility,
+            "judged": judged}
+
+
+rows_strategy = st.lists(st.builds(_row, st.text("abcdefgh", min_size=1, max_size=3),
+                                   st.frozensets(st.sampled_from(FAMILIES)), st.floats(0, 1),
+                                   st.one_of(st.none(), st.floats(-1, 1)), st.booleans(), st.integers(0, 3)),
+                         min_size=1, max_size=9, unique_by=lambda r: r["name"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows_strategy)
+def test_a_dominated_row_never_ranks_above_a_dominating_one(rows):
+    out = order(rows)
+    assert sorted(r["name"] for r in out) == sorted(r["name"] for r in rows)
+    pos = {r["name"]: i for i, r in enumerate(out)}
+    tier = [(bool(r["no_utility"]), not r["judged"]) for r in out]
+    assert tier == sorted(tier)   # useful rows first, then rows without verdicts of each kind
+    for a in rows:
+        for b in rows:
+            if dominates(a, b) and (a["no_utility"], not a["judged"]) == (b["no_utility"], not b["judged"]):
+                assert pos[a["name"]] < pos[b["name"]], (a, b)
+
+
+def test_dominance_outranks_a_smaller_share_in_the_grid():
+    """x leaks images only (3 of 5 cells), y images and labels (2 of 5): a share order would put y first."""
+    image = ("idlg", "dlg", "inverting-gradients")
+    records = [rec("plain", a, psnr=35.0, accuracy=0.9) for a in image]
+    records += [rec("plain", a, label_acc=1.0, accuracy=0.9) for a in ("ilrg", "idlg-extended")]
+    records += [rec("x", a, psnr=35.0, accuracy=0.9) for a in image]
+    records += [rec("x", a, label_acc=0.0, accuracy=0.9) for a in ("ilrg", "idlg-extended")]
+    records += [rec("y", "idlg", psnr=35.0, accuracy=0.9), rec("y", "dlg", psnr=5.0, accuracy=0.9),
+                rec("y", "inverting-gradients", psnr=5.0, accuracy=0.9),
+                rec("y", "ilrg", label_acc=1.0, accuracy=0.9), rec("y", "idlg-extended", label_acc=0.0, accuracy=0.9)]
+    rows = {r["name"]: r for r in grid("core", records, INFO)["rows"]}
+    assert rows["x"]["leaks"] == {"image"} and rows["y"]["leaks"] == {"image", "label"}
+    assert rows["x"]["share"] == pytest.approx(0.6) and rows["y"]["share"] == pytest.approx(0.4)
+    assert [r["name"] for r in grid("core", records, INFO)["rows"]] == ["x", "y", "plain"]
+
+
+def test_a_diverged_row_shows_its_round_never_a_number(tmp_path):
+    from leaderboards.render import render
+    from leaderboards.site import build_site
+
+    records = [rec("plain", "mia-loss", scenario="lm", suite="core", mia_auroc=0.8, perplexity=138.0),
+               rec("base", "mia-loss", scenario="lm", suite="core", mia_auroc=0.5, perplexity=297.0),
+               rec("noise", "mia-loss", "diverged", "training diverged at round 3: client-1's loss is not finite",
+                   scenario="lm", suite="core", perplexity=392219674.95, diverged_round=3.0),
+               rec("he", "mia-loss", scenario="lm", suite="core", mia_auroc=0.5, perplexity=140.0)]
+    info = {**INFO, "chance": {}}
+    core = grid("core", records, info)
+    noise = next(r for r in core["rows"] if r["name"] == "noise")
+    assert noise["cells"][0]["verdict"].text == "diverged at round 3"
+    assert noise["utility"][0]["text"] == "diverged at round 3" and noise["utility"][0]["loss"] is None
+    assert [r["name"] for r in core["rows"]][-1] == "noise"            # no utility: last
+    board = overview([{"name": "core", "records": records, "infos": {"core": info}}])
+    row = next(r for r in board["rows"] if r["name"] == "noise")
+    assert row["utility"]["diverged"] == "diverged at round 3" and row["utility"]["value"] is None
+    render(records, {"core": info}, tmp_path / "core")
+    html = build_site(tmp_path, generated="2026-01-01").read_text()
+    assert "diverged at round 3" in html and "392219" not in html and "3.92e+08" not in html
+
+
+def test_the_summary_splits_round_0_from_the_trained_model():
+    records = [at(rec("plain", "idlg", scenario="early", psnr=35.0, accuracy=0.9), attack_round=0, rounds=4),
+               at(rec("mask", "idlg", scenario="early", psnr=34.0, accuracy=0.9), attack_round=0, rounds=4),
+               at(rec("plain", "idlg", scenario="late", psnr=31.0, accuracy=0.9), attack_round=2, rounds=4),
+               at(rec("mask", "idlg", scenario="late", psnr=9.0, accuracy=0.9), attack_round=2, rounds=4),
+               at(rec("plain", "ilrg", scenario="mid", label_acc=1.0, accuracy=0.9), attack_round=1, rounds=4)]
+    core = grid("core", records, INFO)
+    assert [(c["id"], c["stage"]) for c in core["columns"]] == [
+        ("idlg", "round 0"), ("idlg · trained model", "trained"), ("ilrg", "round 0")]   # 1 of 4: first half
+    summary = summarize(core)
+    assert summary["families"] == ["image", "label"] and summary["stages"] == ("round 0", "trained")
+    mask = next(r for r in summary["rows"] if r["name"] == "mask")
+    image0, image_trained, label0, label_trained = mask["cells"]
+    assert (image0["text"], image_trained["text"]) == ("leaks", "resists")
+    mask_row = next(r for r in core["rows"] if r["name"] == "mask")
+    ids = [f"#{cell['id']}" for cell in mask_row["cells"]]
+    assert (image0["href"], image_trained["href"]) == (ids[0], ids[1])   # each links to the grid cell below
+    assert label0["text"] == "not run" and label_trained["text"] == "–"
+
+
+def test_the_paired_interval_is_narrower_when_the_models_agree_and_wider_when_they_disagree():
+    n = 1000
+    plain = [1] * 800 + [0] * 200
+    close = [0] * 20 + [1] * 780 + [0] * 200          # the same model, 20 of its right answers now wrong
+    d, low, high = paired_accuracy_gap(plain, close)
+    assert d == pytest.approx(0.02) and low > 0 and high < 0.035
+    _, ulow, uhigh = unpaired_accuracy_gap(0.8, n, 0.78, n)
+    assert ulow < 0 < uhigh and (high - low) < (uhigh - ulow) / 3
+    half, other = [1] * 500 + [0] * 500, [0] * 500 + [1] * 500   # right on opposite halves: anti-correlated
+    d, low, high = paired_accuracy_gap(half, other)
+    _, ulow, uhigh = unpaired_accuracy_gap(0.5, n, 0.5, n)
+    assert d == 0 and (high - low) > (uhigh - ulow) * 1.2
+    assert paired_accuracy_gap(plain, close) == paired_accuracy_gap(plain, close)   # seeded: a page renders alike
+
+
+def test_utility_loss_is_paired_from_per_example_results_and_labelled_unpaired_without():
+    plain = rec("plain", "idlg", accuracy=0.8, test_samples=1000)
+    mine = rec("mask", "idlg", accuracy=0.78, test_samples=1000)
+    unpaired = utility_loss(mine, plain)
+    assert unpaired["method"].startswith("unpaired") and not unpaired["paired"]
+    plain["details"]["per_example"] = {"correct": [1] * 800 + [0] * 200}
+    mine["details"]["per_example"] = {"correct": [0] * 20 + [1] * 780 + [0] * 200}
+    paired = utility_loss(mine, plain)
+    assert paired["paired"] and paired["loss"] == pytest.approx(0.02) and paired["text"].startswith("+0.020 [+0.0")
+    assert paired["interval"][1] - paired["interval"][0] < unpaired["interval"][1] - unpaired["interval"][0]
+    mine["details"]["per_example"]["correct"] = [1] * 1000                # disagrees with the stored accuracy
+    assert "disagree with the stored accuracy" in utility_loss(mine, plain)["method"]
+
+
+def test_the_perplexity_ratio_is_paired_over_test_sequences():
+    rng = random.Random(0)
+    tokens = [rng.randint(10, 30) for _ in range(200)]
+    plain = [t * 4.0 + rng.gauss(0, 3) for t in tokens]
+    other = [p + t * 0.05 + rng.gauss(0, 0.5) for p, t in zip(plain, tokens)]
+    ratio, low, high = paired_perplexity_ratio(plain, other, tokens)
+    assert ratio == pytest.approx(math.exp((sum(other) - sum(plain)) / sum(tokens)))
+    assert low < ratio < high and low > 1.0                               # a consistent rise is resolved
+    a = rec("plain", "mia-ref", perplexity=math.exp(sum(plain) / sum(tokens)))
+    b = rec("mask", "mia-ref", perplexity=math.exp(sum(other) / sum(tokens)))
+    a["details"]["per_example"] = {"nll": plain, "tokens": tokens}
+    b["details"]["per_example"] = {"nll": other, "tokens": tokens}
+    loss = utility_loss(b, a)
+    assert loss["paired"] and loss["loss"] == pytest.approx(ratio) and loss["relative"] == pytest.approx(ratio - 1)
+
+
+def test_the_pareto_front_of_a_toy_table():
+    points = [(0.0, 35.0), (0.01, 25.0), (0.05, 28.0), (0.2, 12.0), (0.03, -math.inf), (0.01, 25.0)]
+    assert pareto_front(points) == [True, True, False, False, True, True]   # ties stay on the front together
+    # equal in one, worse in the other: dominated
+    assert pareto_front([(0.1, 12.0), (0.2, 12.0), (0.1, 14.0)]) == [True, False, False]
+    assert ticks(0.0, 1.0) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0] and ticks(12.5, 13.4)[0] >= 12.5
+
+
+def frontier_records(suite="frontier"):
+    """A sweep: one noise defense at four settings beside the undefended row and an encrypted one, in an image
+    scenario; one setting diverged."""
+    out = []
+    rows = [("plain", {}, 0.90, 35.0, 0.0), ("noise", {"sigma": 0.001}, 0.89, 25.0, 0.0),
+            ("noise", {"sigma": 0.01}, 0.85, 28.0, 0.0), ("noise", {"sigma": 0.1}, 0.70, 12.0, 0.0),
+            ("he", {}, 0.87, None, 2.5), ("noise", {"sigma": 1.0}, None, None, 0.0)]
+    for name, params, acc, psnr, he in rows:
+        metrics = {"accuracy": acc, "test_samples": 1000, "he_encrypt_s": he}
+        if acc is None:
+            r = rec(name, "idlg", "diverged", "training diverged at round 2: loss not finite", suite=suite,
+                    scenario="images", accuracy=0.1, diverged_round=2.0)
+        elif psnr is None:
+            r = rec(name, "idlg", "blocked", "blocked by design: empty view", suite=suite, scenario="images", **metrics)
+        else:
+            r = rec(name, "idlg", suite=suite, scenario="images", psnr=psnr, **metrics)
+        r["defense_params"] = r["config"]["defense"]["params"] = params
+        out.append(at(r, rounds=10, attack_round=0))
+    return out
+
+
+def test_the_frontier_places_each_setting_and_marks_its_pareto_set():
+    info = {"undefended": ["plain"], "untrained": [], "chance": {"images": 0.1}}
+    panels = frontier("frontier", frontier_records(), info)["panels"]
+    assert [(p["scenario"], p["family"], p["key"]) for p in panels] == [("images", "image", "psnr")]
+    points = {p["name"]: p for p in panels[0]["points"]}
+    front = {n for n, p in points.items() if p.get("front")}
+    assert front == {"plain", "noise(sigma=0.001)", "he"}            # sigma=0.01 loses more and leaks more
+    assert points["he"]["blocked"] and points["he"]["cy"] > max(p["cy"] for p in points.values() if p.get("cy")
+                                                                 and not p["blocked"])   # on the floor
+    assert points["he"]["r"] > points["plain"]["r"]                   # HE time as marker size
+    assert not points["noise(sigma=1.0)"]["placed"] and points["noise(sigma=1.0)"]["why"] == "diverged at round 2"
+    assert points["noise(sigma=0.1)"]["href"] == "frontier/index.html#frontier--images"
+    assert panels[0]["step"]                                          # the front is drawn
+
+
+def test_across_suites_utility_only_where_measured_base_is_no_defense_and_uncalibrated_rows_keep_costs():
+    info = {"undefended": ["plain"], "untrained": ["base"], "chance": {"at-chance": 0.5, "learns": 0.1}}
+    chance = [rec("plain", "dager", scenario="at-chance", rouge1=1.0, accuracy=0.5, test_samples=16,
+                  chance_accuracy=0.5),
+              rec("secagg", "dager", scenario="at-chance", rouge1=1.0, accuracy=0.5, test_samples=16,
+                  chance_accuracy=0.5),
+              rec("noise", "dager", scenario="at-chance", rouge1=0.0, accuracy=0.688, test_samples=16,
+                  chance_accuracy=0.5),
+              rec("base", "mia-loss", scenario="at-chance", mia_auroc=0.5, accuracy=0.5)]
+    uncal = [rec("plain", "ilrg", scenario="learns", label_acc=0.1, accuracy=0.9, test_samples=500),
+             rec("dp-mask", "ilrg", scenario="learns", label_acc=0.0, accuracy=0.8, test_samples=500,
+                 he_encrypt_s=0.7)]
+    board = overview([{"name": "t", "records": chance + uncal, "infos": {"t": info}}])
+    rows = {r["name"]: r for r in board["rows"]}
+    assert "base" not in rows
+    assert rows["secagg"]["utility"] is None                           # the scenario does not measure utility
+    label = [c["family"] for c in board["columns"]].index("label")
+    assert rows["dp-mask"]["cells"][label]["verdict"].text == "no verdict"   # ilrg fails on plain: no verdict ...
+    assert rows["dp-mask"]["utility"]["drop"] == pytest.approx(0.1)      # ... but its utility and HE cost stand
+    assert rows["dp-mask"]["he"]["seconds"] == 0.7
