@@ -23,6 +23,7 @@ from leaderboards.figures import draw
 from leaderboards.formats import human_bytes, human_seconds
 from leaderboards.paper import paper_rows
 from leaderboards.plots import scenario_plots
+from leaderboards.notes import resolve
 from leaderboards.safe import notes_html, safe_url, site_href
 from leaderboards.schema import described, schema_of
 from leaderboards.tables import attack_label, clear_not_attacked, defense_label, scenario_table
@@ -152,7 +153,7 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
     for row in paper:
         row["href"] = f"#{anchor(suite, row['scenario'])}" if row["scenario"] else ""
     return {"name": suite, "tables": tables, "failures": failures, "description": info.get("description", ""),
-            "notes": notes_html(info.get("notes", "")), "figures": figures, "paper": paper,
+            "notes": notes_html(resolve(info.get("notes", ""), records, suite)), "figures": figures, "paper": paper,
             "paper_notes": any(p["note"] for p in paper), "provenance": provenance(records),
             "compute": compute_summary(records), "code": code_state(records, stale),
             "counts": Counter(r["status"] for r in records)}

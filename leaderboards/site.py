@@ -18,6 +18,7 @@ from typing import Any, Callable
 from leaderboards.export import load_pages, load_records
 from leaderboards.frontier import frontier
 from leaderboards.grid import grid
+from leaderboards.notes import resolve
 from leaderboards.ordering import RULE
 from leaderboards.overview import overview
 from leaderboards.render import band_rows, env, provenance, render
@@ -71,6 +72,9 @@ def build_site(root: str | Path, current: Info | None = None, generated: str | N
     if not dirs:
         raise FileNotFoundError(f"no suite directories with results.json under {root}")
     loaded = [(d, load_records(d), load_pages(d)) for d in dirs]   # pages.json checked here, read by page_info
+    for d, records, _ in loaded:   # every reference in every suite's notes resolves, before any page is written
+        for suite in dict.fromkeys(r["suite"] for r in records):
+            resolve(page_info(suite, d, current).get("notes", ""), [r for r in records if r["suite"] == suite], suite)
     entries = [rerender(d, current, generated, records, stale) for d, records, _ in loaded]
     board = overview(entries)
     standard = next((e for e in entries if e["suites"] == [STANDARD]), None)

@@ -1,0 +1,65 @@
+"""Numbers in a suite's notes by reference, so that a recomputation updates the prose with the tables.
+
+    iLRG recovers every label ({= cifar10-lenet-labels-b32/plaintext/ilrg label_acc =}) ...
+
+A reference `{= CELL METRIC =}` is replaced, when the page renders, by that cell's value of METRIC written as its
+table writes it (the metric's unit and format). CELL names one record of the suite: its full label
+`scenario/defense(params)/attack(params)`, the same with names only where that is unambiguous, or a glob (`*`)
+that matches exactly one cell. METRIC is a metric the record reports; `METRIC ci` gives its stored 95% interval
+("[lo, hi]"); `status` gives the cell's status, with its round where it diverged. A reference to no cell, to
+several, or to a metric the cell lacks fails the render with one line naming it (`NoteError`, exit 2).
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any
+
+from leaderboards.formats import interval, is_number, number
+from leaderboards.schema import schema_of
+from leaderboards.tables import attack_label, defense_label
+
+REFERENCE = re.compile(r"\{=\s*(.*?)\s*=\}", re.DOTALL)
+
+
+class NoteError(ValueError):
+    """A reference in a suite's notes that names no cell, several, or a metric the cell lacks."""
+
+
+def resolve(text: str, records: list[dict[str, Any]], suite: str) -> str:
+    """`text` with every `{= CELL METRIC =}` replaced by the value it names."""
+    schema = schema_of(records)
+    full = {f"{r['scenario']}/{defense_label(r)}/{attack_label(r)}": r for r in records}
+    bare: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        bare.setdefault(f"{r['scenario']}/{r['defense']}/{r['attack']}", []).append(r)
+
+    def value(match: re.Match) -> str:
+        words = match.group(1).split()
+        where = f"notes of suite '{suite}': {match.group(0)}"
+        if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "ci"):
+            raise NoteError(f"{where} must read {{= scenario/defense/attack METRIC =}} (or METRIC ci, or status)")
+        cell, metric = words[0], words[1]
+        hits = [full[cell]] if cell in full else bare.get(cell) or [r for k, r in full.items()
+                                                                      if fnmatch.fnmatchcase(k, cell)]
+        if len(hits) != 1:
+            some = ", ".join(sorted(f"{r['scenario']}/{defense_label(r)}/{attack_label(r)}" for r in hits)[:3])
+            raise NoteError(f"{where} names {len(hits)} cells{': ' + some if some else ''}; name exactly one "
+                            "(its full label, as the suite page's tables list it)")
+        rec = hits[0]
+        if metric == "status":
+            round_ = rec["metrics"].get("diverged_round")
+            return f"diverged at round {round_:.0f}" if rec["status"] == "diverged" and is_number(round_) \
+                else rec["status"]
+        shown = schema.get(metric)
+        if shown is None or metric not in rec["metrics"] or (rec["metrics"][metric] is None and len(words) == 2):
+            raise NoteError(f"{where}: the cell reports no '{metric}'; its metrics: "
+                            f"{', '.join(sorted(rec['metrics'])) or 'none'}")
+        if len(words) == 3:
+            ci = rec["details"].get(f"{metric}_ci95")
+            if not ci:
+                raise NoteError(f"{where}: the cell stores no 95% interval of '{metric}'")
+            return interval(ci, shown.unit, shown.fmt)
+        return number(rec["metrics"][metric], shown.unit, shown.fmt)
+
+    return REFERENCE.sub(value, text)

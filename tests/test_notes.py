@@ -1,0 +1,54 @@
+"""Numbers in suite notes come from the records by reference (leaderboards/notes.py)."""
+import pytest
+
+from leaderboards.notes import NoteError, resolve
+from tests.conftest import consistent
+
+
+def _rec(scenario, defense, attack, metrics, status="ok", defense_params=None, details=None):
+    schema = {"label_acc": {"unit": "", "fmt": "{:.3f}", "lower_is_better": False, "kind": "privacy",
+                            "description": "label accuracy"},
+              "psnr": {"unit": "dB", "fmt": "{:.1f}", "lower_is_better": False, "kind": "privacy",
+                       "description": "PSNR"}}
+    return consistent({"suite": "s", "scenario": scenario, "defense": defense, "defense_params": defense_params or {},
+                       "attack": attack, "attack_params": {}, "status": status, "reason": "", "metrics": metrics,
+                       "details": {"metric_schema": schema, **(details or {})}})
+
+
+RECORDS = [_rec("a", "plaintext", "ilrg", {"label_acc": 1.0}),
+           _rec("a", "maskcrypt", "ilrg", {"label_acc": 0.0625}, defense_params={"rho": 0.1}),
+           _rec("a", "maskcrypt", "ilrg", {"label_acc": 0.5}, defense_params={"rho": 0.2}),
+           _rec("b", "plaintext", "idlg", {"psnr": 38.71}, details={"psnr_ci95": [37.2, 40.0]}),
+           _rec("b", "dp-fedavg", "idlg", {"psnr": None, "diverged_round": 3.0}, status="diverged")]
+
+
+def test_a_reference_reads_the_value_as_the_table_writes_it():
+    text = "iLRG reads {= a/plaintext/ilrg label_acc =} on plaintext and {=b/plaintext/idlg psnr=} " \
+           "{= b/plaintext/idlg psnr ci =}; MaskCrypt {= a/maskcrypt(rho=0.1)/ilrg label_acc =}; " \
+           "DP-FedAvg {= b/dp-fedavg/idlg status =}; {= b/*/idlg status =} is ambiguous"
+    with pytest.raises(NoteError, match="names 2 cells"):
+        resolve(text, RECORDS, "s")
+    text = text.replace("; {= b/*/idlg status =} is ambiguous", "")
+    assert resolve(text, RECORDS, "s") == ("iLRG reads 1.000 on plaintext and 38.7 [37.2, 40.0]; MaskCrypt "
+                                           "0.062; DP-FedAvg diverged at round 3")
+
+
+@pytest.mark.parametrize("ref, fault", [
+    ("{= a/secagg/ilrg label_acc =}", "names 0 cells"),
+    ("{= a/maskcrypt/ilrg label_acc =}", "names 2 cells"),
+    ("{= a/plaintext/ilrg psnr =}", "reports no 'psnr'"),
+    ("{= a/plaintext/ilrg label_acc ci =}", "no 95% interval"),
+    ("{= a/plaintext/ilrg =}", "must read"),
+])
+def test_a_bad_reference_fails_the_render_in_one_line(ref, fault):
+    with pytest.raises(NoteError, match=fault) as err:
+        resolve(f"see {ref}.", RECORDS, "s")
+    assert "\n" not in str(err.value) and "suite 's'" in str(err.value)
+
+
+def test_a_reference_is_not_a_way_into_the_page():
+    """A value is text; the notes then go through the sanitizer as before (leaderboards/safe.py)."""
+    from leaderboards.safe import notes_html
+    rec = _rec("a", "plaintext", "ilrg", {"label_acc": "<script>alert(1)</script>"})
+    html = str(notes_html(resolve("x {= a/plaintext/ilrg label_acc =}", [rec], "s")))
+    assert "<script>" not in html
