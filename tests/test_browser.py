@@ -5,6 +5,7 @@ console stays free of errors. Two walks: a small site rendered here from hand-bu
 page under leaderboards/results (about ten seconds, so both run by default and in CI)."""
 import base64
 import io
+import json
 import re
 import shutil
 from pathlib import Path
@@ -19,30 +20,141 @@ from tests.conftest import consistent
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "leaderboards" / "results"
 
-SORT_CHECK = """
-var failures = [];
+# What the browser reports of every sortable table, read from the DOM only, never through the page's own
+# leakbenchKey / leakbenchCell / data-dir: each row's cells (colspan, data-sort, text) once, then for every sortable
+# header its position, and the rows' order before and after it is clicked (rows told apart by a mark set here).
+CLICK_EVERY_HEADER = """
+var out = [];
 document.querySelectorAll("table.sortable").forEach(function (table, t) {
-  table.querySelectorAll("thead th.sortable").forEach(function (th) {
-    delete th.dataset.sorted;
-    th.click();
-    var col = parseInt(th.dataset.col, 10), dir = th.dataset.dir || "asc", seen = [], kinds = [];
-    Array.from(table.tBodies[0].rows).forEach(function (row) {
-      var key = leakbenchKey(leakbenchCell(row, col));
-      kinds.push(key[0]);
-      if (key[0] === 0) seen.push(key[1]);
+  var body = table.tBodies[0], columns = [];
+  function order() { return Array.from(body.rows).map(function (row) { return +row.getAttribute("data-oracle"); }); }
+  var cells = Array.from(body.rows).map(function (row, i) {
+    row.setAttribute("data-oracle", i);
+    return Array.from(row.cells).map(function (c) {
+      return [c.colSpan || 1, c.hasAttribute("data-sort") ? c.getAttribute("data-sort") : null, c.textContent.trim()];
     });
-    for (var i = 1; i < kinds.length; i++) if (kinds[i] < kinds[i - 1]) {
-      failures.push("table " + t + " '" + th.textContent.trim() + "': numbers after text or blanks"); break; }
-    for (var j = 1; j < seen.length; j++) {
-      if (dir === "asc" ? seen[j] < seen[j - 1] : seen[j] > seen[j - 1]) {
-        failures.push("table " + t + " '" + th.textContent.trim() + "' (" + dir + "): " + seen.join(",")); break; }
-    }
-    if (th.dataset.sorted !== dir) failures.push("table " + t + " '" + th.textContent.trim() + "' first click " +
-                                                  th.dataset.sorted + ", not " + dir);
   });
+  table.querySelectorAll("thead th.sortable").forEach(function (th) {
+    var pos = 0, sib = th.previousElementSibling, sub = th.querySelector(".sub"), before = order();
+    for (; sib; sib = sib.previousElementSibling) pos += sib.colSpan || 1;
+    th.click();
+    columns.push({pos: pos, col: th.getAttribute("data-col"), head: th.childNodes[0].textContent.trim(),
+                  sub: sub ? sub.textContent.trim() : "", text: th.textContent.trim(),
+                  sorted: th.getAttribute("data-sorted") || "", before: before, after: order()});
+  });
+  out.push({table: t, id: table.id, cls: table.className, cells: cells, columns: columns});
 });
-return failures;
+return out;
 """
+# The browser's own string collation (what a sorted text column follows), without any of the page's code.
+COLLATE = """
+var texts = arguments[0].slice().sort(function (a, b) { return a.localeCompare(b); }), rank = {}, r = 0;
+texts.forEach(function (t, i) { if (i && texts[i - 1].localeCompare(t) !== 0) r++; rank[t] = r; });
+return rank;
+"""
+# Best-first for the columns that are not one metric, stated here rather than read from the page; every other
+# column is a metric (its direction from the registry) or, in the core grid, an attack's verdict (least severe first).
+FIXED_DIRECTIONS = {
+    "scenario": {"rank": "asc", "defense": "asc", "verdict": "asc", "key topology": "asc"},
+    "board": {"defense": "asc", "verdict": "asc", "utility cost": "asc", "HE cost": "asc"},
+    "core-grid": {"defense": "asc", "verdict": "asc", "coverage": "desc", "HE cost": "asc"},
+    "suites": {"suite": "asc", "scenarios": "desc", "cells": "desc", "ok": "desc", "blocked": "desc",
+               "diverged": "desc", "failed": "asc"},
+    "paper": {"metric": "asc", "cells matched": "asc", "source": "asc", "reported": "desc", "ours": "desc",
+              "ours / reported": "desc", "agrees?": "asc", "note": "asc"},
+    "schema": {"name": "asc", "shown as": "asc", "kind": "asc", "unit": "asc", "better": "asc"},
+}
+
+
+def _header(title: str, unit: str) -> str:
+    """A metric's column header as a page writes it: its title, words spaced, a trailing " s" read "time"."""
+    text = title.replace("_", " ")
+    return text[:-2] + " time" if unit == "s" and text.endswith(" s") else text
+
+
+def metric_headers(root: Path) -> dict[str, str]:
+    """Header -> metric name: today's registry, and the titles the records under root were stored with (a renamed
+    display keeps its old header there). Only the name is taken from a record; the direction is the registry's."""
+    names: dict[str, set[str]] = {}
+    for name in METRICS.names():
+        m = METRICS.get(name)
+        names.setdefault(_header(m.title, m.unit), set()).add(name)
+    for export in root.glob("*/results.json"):
+        for rec in json.loads(export.read_text()):
+            for name, snap in rec["details"].get("metric_schema", {}).items():
+                names.setdefault(_header(snap.get("title") or name, snap.get("unit", "")), set()).add(name)
+    return {h: next(iter(n)) for h, n in names.items() if len(n) == 1}
+
+
+def _table_kind(column: dict) -> str:
+    if column["id"].startswith("tbl-"):
+        return "scenario"
+    if column["id"] in ("board", "core-grid"):
+        return column["id"]
+    return next((k for k in ("paper", "schema") if k in column["cls"].split()), "suites")
+
+
+def expected_direction(column: dict, headers: dict[str, str]) -> str:
+    """Best-first for one column: descending where the registry says higher is better for the client."""
+    kind, head = _table_kind(column), column["head"]
+    if head in FIXED_DIRECTIONS[kind]:
+        return FIXED_DIRECTIONS[kind][head]
+    if kind == "core-grid":   # an attack's column: its cells sort on the verdict's severity
+        return "asc"
+    written = (column["sub"].removeprefix("worst ") if kind == "board" else head).rstrip(" ↑↓")
+    found = [h for h in headers if written == h or written.startswith(h + " (")]
+    assert found, f"column '{column['text']}' is no metric the registry or the records know; name its direction"
+    name = headers[max(found, key=len)]
+    assert name in METRICS.names(), f"column '{column['text']}': metric {name} is not in today's registry"
+    return "desc" if METRICS.get(name).lower_is_better is False else "asc"
+
+
+def _cell(row: list, col: int):
+    pos = 0
+    for cell in row:
+        if col < pos + cell[0]:
+            return cell
+        pos += cell[0]
+    return None
+
+
+def _key(cell) -> tuple[int, object]:
+    """Numbers (data-sort) first, then text, then blanks (no cell, empty or a dash)."""
+    if cell is None:
+        return 2, ""
+    raw = cell[1]
+    try:
+        number = float(raw) if raw not in (None, "") else None
+    except ValueError:
+        number = None
+    if number is not None and number == number:
+        return 0, number
+    return (2, "") if cell[2] in ("", "–") else (1, cell[2])
+
+
+def sort_problems(browser, headers: dict[str, str]) -> list[str]:
+    """Click every sortable header of the open page and compare the rows' order with the order re-sorted here
+    from the cells' data-sort values and the column's direction (stable: ties keep the order before the click)."""
+    tables = browser.execute_script(CLICK_EVERY_HEADER)
+    keys = [[[_key(_cell(row, c["pos"])) for row in t["cells"]] for c in t["columns"]] for t in tables]
+    texts = sorted({v for table in keys for column in table for kind, v in column if kind == 1})
+    rank = browser.execute_script(COLLATE, texts) if texts else {}
+    problems = []
+    for t, table in zip(tables, keys):
+        for c, key in zip(t["columns"], table):
+            where = f"table {t['table']} '{c['text']}'"
+            if str(c["pos"]) != c["col"]:
+                problems.append(f"{where}: data-col {c['col']} but the header stands at column {c['pos']}")
+            direction = expected_direction({**t, **c}, headers)
+            sign = -1 if direction == "desc" else 1
+            want = sorted(c["before"], key=lambda i: (key[i][0], sign * (key[i][1] if key[i][0] == 0 else
+                                                                           rank[key[i][1]] if key[i][0] == 1 else 0)))
+            if c["after"] != want:
+                shown = ", ".join(str(key[i][1]) for i in c["after"])
+                problems.append(f"{where}: rows not sorted {direction} by data-sort: {shown[:300]}")
+            if c["sorted"] != direction:
+                problems.append(f"{where}: first click marked '{c['sorted']}', best-first is '{direction}'")
+    return problems
 
 
 def _record(suite, scenario, defense, attack, status, metrics, reason="", details=None, params=None):
@@ -148,7 +260,7 @@ def walk(root: Path, tmp_path: Path) -> dict[str, int]:
     """Every page under root: sorting, width, links, images, console. Returns counts of what was checked."""
     pages = sorted(root.glob("*.html")) + sorted(root.glob("*/index.html"))
     assert pages, f"no pages under {root}"
-    browser = _driver(tmp_path)
+    browser, headers = _driver(tmp_path), metric_headers(root)
     problems, counted = [], {"pages": 0, "headers": 0, "links": 0, "images": 0}
     try:
         for page in pages:
@@ -156,7 +268,7 @@ def walk(root: Path, tmp_path: Path) -> dict[str, int]:
             width = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth];")
             if width[0] > width[1]:
                 problems.append(f"{page}: body {width[0]} px wide in a {width[1]} px window")
-            problems += [f"{page}: {f}" for f in browser.execute_script(SORT_CHECK)]
+            problems += [f"{page}: {f}" for f in sort_problems(browser, headers)]
             hrefs = browser.execute_script("return Array.from(document.querySelectorAll('a[href]'))"
                                            ".map(function (a) { return a.getAttribute('href'); });")
             srcs = browser.execute_script("return Array.from(document.images).map(function (i) { "
@@ -293,3 +405,37 @@ def test_the_summary_fits_one_screen_and_the_frontier_links_resolve(tmp_path):
     finally:
         browser.quit()
     assert walk(root, tmp_path)["pages"] == 5   # every link (the SVG's too) resolves, every header sorts
+
+
+# Three wrong sorters, each once passed by a check that asked the page to grade itself: numbers compared as text
+# (data-sort ignored), merged cells not walked (colspans ignored), and every first click worst-first.
+SORT_MUTANTS = {
+    "data-sort ignored": ("var raw = cell.dataset.sort;", "var raw = undefined;"),
+    "colspans ignored": ("var span = row.cells[i].colSpan || 1;", "var span = 1;"),
+    "data-dir flipped": ('(th.dataset.dir || "asc")', '(th.dataset.dir === "desc" ? "asc" : "desc")'),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(SORT_MUTANTS))
+def test_the_sort_oracle_fails_a_page_whose_sorter_is_wrong(mutant, tmp_path, monkeypatch):
+    """Kills the three sorter mutants: page.js with data-sort ignored, colspans ignored, or data-dir flipped, renders
+    the small site whose unmutated pages pass `walk` above; re-sorted independently, its columns come out wrong."""
+    pytest.importorskip("selenium")
+    import leaderboards.render
+    templates = tmp_path / "templates"
+    shutil.copytree(leaderboards.render.TEMPLATES, templates)
+    script = templates / "page.js.j2"
+    old, new = SORT_MUTANTS[mutant]
+    assert script.read_text().count(old) == 1, f"page.js no longer holds {old!r}: update the mutant"
+    script.write_text(script.read_text().replace(old, new))
+    monkeypatch.setattr(leaderboards.render, "TEMPLATES", templates)
+    root = tmp_path / "site"
+    small_site(root)
+    browser, headers, problems = _driver(tmp_path), metric_headers(root), []
+    try:
+        for page in [root / "index.html", root / "vision" / "index.html"]:
+            browser.get(page.resolve().as_uri())
+            problems += sort_problems(browser, headers)
+    finally:
+        browser.quit()
+    assert len([p for p in problems if "rows not sorted" in p]) >= 3, problems

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import attacks.gradient.inversion as inversion
 from attacks.gradient.inversion import GradientTarget, Recipe, idlg_labels, invert, label_source, total_variation
 from bench.protocol.view import ServerView
 from bench.protocol.wire import Payload, PlainPart, Upload
@@ -109,6 +110,35 @@ def test_inverting_gradients_recovers_an_image_and_restarts_keep_the_best():
     rec = ATTACKS.get("inverting-gradients")(steps=100, restarts=1, tv=1e-4).run(t.view, t.knowledge, seed=0)
     blank = score_images(torch.full_like(t.truth.x, 0.5), t.truth.x)["psnr"]
     assert score_images(rec.images, t.truth.x)["psnr"] > blank + 3.0
+
+
+def test_restarts_run_distinct_trials_and_keep_the_best(monkeypatch):
+    """Every trial `invert` runs is recorded and scored here by its own gradient distance: `restarts` trials run,
+    they differ, and the one kept is the closest (here not the first). Kills the mutants that keep the first trial
+    or ignore `restarts`, which `both.distance <= single.distance` above cannot tell apart."""
+    t = _target()
+    target = GradientTarget(t.view, t.knowledge)
+    recipe = Recipe(objective="cosine", optimizer="adam", steps=10, lr=0.1, signed=True, boxed=True, restarts=4)
+    shape, labels, trials = t.knowledge.input_shape, t.truth.y.tolist(), []
+    run_trial = inversion._trial
+
+    def recorded(*args):
+        x, logits, steps = run_trial(*args)
+        trials.append(x.detach().clone())
+        return x, logits, steps
+    monkeypatch.setattr(inversion, "_trial", recorded)
+    kept = invert(target, recipe, shape, 1, 10, labels, seed=1)
+    assert len(trials) == 4
+    assert all(not torch.equal(a, b) for i, a in enumerate(trials) for b in trials[i + 1:])
+    y = torch.tensor(labels)
+    distances = [float(target.distance(target.gradients(x, y), "cosine").detach()) for x in trials]
+    best = int(np.argmin(distances))
+    assert best != 0, "the seeded case should keep a later trial; pick another seed"
+    assert kept.distance == pytest.approx(distances[best])
+    assert torch.equal(kept.images, trials[best].clamp(0, 1))
+    trials.clear()
+    fewer = invert(target, replace(recipe, restarts=1), shape, 1, 10, labels, seed=1)
+    assert len(trials) == 1 and fewer.distance > kept.distance   # more restarts searched further
 
 
 def test_unrolled_target_replays_the_clients_local_steps():

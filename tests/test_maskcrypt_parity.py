@@ -74,11 +74,50 @@ def test_proposals_and_consensus_equal_platos_in_every_round():
         assert len(consensus) / total == pytest.approx(record["hidden_fraction"])
 
 
+def _top_k(estimate: np.ndarray, record: dict, own: dict, k: int) -> list[int]:
+    """Plato's proposal, written out here: the k entries of largest (estimate - latest) * gradient, where latest is
+    the received global plus the client's update (float32, as trained) and ties keep the lower index."""
+    latest = _flat({n: t + _tensors(own["delta"])[n] for n, t in _tensors(record["global"]).items()})
+    return np.argsort(-(estimate - latest) * _flat(_tensors(own["gradient"])), kind="stable")[:k].tolist()
+
+
+def _round_robin(proposals: list[list[int]]) -> list[int]:
+    """Plato's consensus: the proposals' first entries in client order, then their second entries, ..., each index
+    kept where it first occurs."""
+    out: list[int] = []
+    for i in range(max(map(len, proposals))):
+        for p in proposals:
+            if i < len(p) and p[i] not in out:
+                out.append(p[i])
+    return out
+
+
+def test_the_oracle_gives_platos_round_zero_and_consensus():
+    """The replay below is checked against Plato where both must agree: round 0 (every client's estimate is the
+    public initial model) and the consensus of Plato's own proposals in every round."""
+    k = len(ROUNDS[0]["clients"]["0"]["proposal"])
+    glob = _flat(_tensors(ROUNDS[0]["global"]))
+    for i, own in ROUNDS[0]["clients"].items():
+        assert _top_k(glob, ROUNDS[0], own, k) == own["proposal"], f"client {i}"
+    for record in ROUNDS:
+        assert _round_robin([record["clients"][str(i)]["proposal"] for i in record["sampled"]]) == record["consensus"]
+
+
 def test_maskcrypt_paillier_shares_the_estimate():
-    """Its key server decrypts every global in the clear; round 0's (the public initial model) is Plato's."""
-    proposals, consensus = _replay(DEFENSES.get("maskcrypt-paillier")(rho=FIXTURE["rho"], key_bits=512), 1)[0]
-    assert proposals == {int(i): set(c["proposal"]) for i, c in ROUNDS[0]["clients"].items()}
-    assert consensus == ROUNDS[0]["consensus"]
+    """Its key server decrypts every global, so each client's estimate is the whole received global in every round
+    (Plato's is only at round 0; later its encrypted entries keep their last value). Every round of the fixture
+    replayed against that rule. Kills the mutant that drops the key-server rule from `_hidden_in_global`: it
+    reproduces Plato's proposals, which differ from these in rounds 1 and 2."""
+    replayed = _replay(DEFENSES.get("maskcrypt-paillier")(rho=FIXTURE["rho"], key_bits=512), len(ROUNDS))
+    k = len(ROUNDS[0]["clients"]["0"]["proposal"])
+    differs = 0
+    for r, (record, (proposals, consensus)) in enumerate(zip(ROUNDS, replayed)):
+        glob = _flat(_tensors(record["global"]))
+        want = {i: _top_k(glob, record, record["clients"][str(i)], k) for i in record["sampled"]}
+        assert proposals == {i: set(p) for i, p in want.items()}, f"round {r}"
+        assert consensus == _round_robin([want[i] for i in record["sampled"]]), f"round {r}"
+        differs += sum(set(p) != set(record["clients"][str(i)]["proposal"]) for i, p in want.items())
+    assert differs >= 2   # the key server's estimate is told apart from Plato's in the later rounds
 
 
 def test_the_fixture_tells_a_zero_start_apart():
