@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= out
 
-.PHONY: demo test bench clean
+.PHONY: demo test trust bench mutation clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -32,8 +32,22 @@ test: $(VENV)/.installed  ## unit, property and end-to-end tests, then a small s
 	$(PY) -m pytest
 	$(PY) -m pytest -m heavy -k smoke tests/benchmarks
 
+# The heavy checks that decide whether the committed results can be trusted, in a cheap form (docs/testing.md):
+# the default suite computed twice gives the same records (FIRST_RUN: a finished run of it to stand for the first,
+# as CI's `make demo`), one cell of selectiveshield-paper likewise, and DAGER recovers two committed B = 32 batches.
+FIRST_RUN ?=
+trust: $(VENV)/.installed  ## the default suite and a paper-suite slice reproduce; DAGER's committed batches (minutes)
+	LEAKBENCH_FIRST_RUN_DEFAULT=$(FIRST_RUN) $(PY) -m pytest -m heavy \
+	  "tests/test_reproducible.py::test_committed_suite_reproduces[default]" \
+	  tests/test_reproducible.py::test_a_slice_of_a_paper_suite_reproduces \
+	  "tests/test_dager_search.py::test_committed_batches_are_recovered_sentence_for_sentence[sst2-gpt2-b32-batches1]"
+
 bench: $(VENV)/.installed  ## the heavy benchmarks (minutes)
 	$(PY) -m pytest -m heavy tests/benchmarks
+
+mutation: $(VENV)/.installed  ## mutation testing of the modules that decide verdicts and costs (hours; not in CI)
+	$(PY) -m pip install --quiet -e '.[mutation]'
+	nice -n 10 $(PY) tests/mutation/sweep.py --out $(OUT)/mutation $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(OUT) .pytest_cache .benchmarks
