@@ -6,10 +6,10 @@ import pytest
 from test_leaderboard import _cells, rec
 
 from bench.run.spec import parse_suite
-from leaderboards.calibration import calibrate
+from leaderboards.calibration import Calibration, calibrate
 from leaderboards.grid import grid
 from leaderboards.tables import attack_label, scenario_table
-from leaderboards.usefulness import no_utility, wilson
+from leaderboards.usefulness import no_utility, useless, wilson
 
 INFO = {"undefended": ["plain"], "untrained": ["base"], "chance": {"s": 0.1}}
 
@@ -192,3 +192,26 @@ def test_a_rows_utility_headline_is_its_largest_relative_loss_across_metrics():
     assert [u["scenario"] for u in mask["utility"]] == ["img", "lm"]
     assert mask["utility"][0]["relative"] == pytest.approx(0.1) and mask["utility"][1]["relative"] == pytest.approx(0.02)
     assert mask["utility"][0]["loss"] == pytest.approx(0.05) and mask["utility"][1]["loss"] == pytest.approx(1.02)
+
+
+def test_a_reference_floor_first_or_an_undefended_row_that_did_not_run_calibrates_nothing_wrongly():
+    """Kills mutants of leaderboards/calibration.py that survived the earlier tests (docs/mutation.md): a reference
+    floor listed first must not end the calibration of the attacks after it (`continue` -> `break`); an undefended
+    row that did not run gives no verdict and says which row and why; no undefended row says that."""
+    records = [rec("plain", "random-guess", label_acc=0.1), rec("plain", "ilrg", label_acc=1.0),
+               rec("plain", "idlg", "failed", "RuntimeError: boom"), rec("mask", "dlg", psnr=30.0)]
+    cal = calibrate(records, INFO, attack_label)
+    assert "random-guess" not in cal and cal["ilrg"].ok
+    assert not cal["idlg"].ok and cal["idlg"].why == "its undefended row (plain) is failed"
+    assert cal["dlg"] == Calibration(False, "no undefended row in this scenario to calibrate the attack against")
+
+
+def test_the_untrained_row_is_the_perplexity_yardstick_and_never_judged():
+    """Kills mutants of leaderboards/usefulness.py that survived (docs/mutation.md): the untrained rows (page info
+    `untrained`) give the perplexity a trained row must beat, and are left out of the rows judged."""
+    records = [rec("base", "mia-ref", scenario="lm", perplexity=300.0), rec("base", "mia-ref", scenario="lm",
+                                                                          perplexity=280.0),
+               rec("plain", "mia-ref", scenario="lm", perplexity=40.0),
+               rec("mask", "mia-ref", scenario="lm", perplexity=290.0)]
+    out = useless(records, {"undefended": ["plain"], "untrained": ["base"]}, "lm", lambda r: r["defense"])
+    assert out == {"mask": "perplexity 290 no better than the untrained model's 280"}

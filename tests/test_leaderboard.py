@@ -246,3 +246,15 @@ def test_a_blown_up_value_reads_with_an_exponent():
     assert number(360964506429440196608.0, "", "{:.1f}") == "3.61e+20"
     assert number(-2.5e12, "", "{:.3f}") == "-2.5e+12"
     assert number(44669.8, "", "{:.1f}") == "44669.8" and number(3.5e9, "B") == "3.50 GB"
+
+
+def test_a_band_says_what_decided_it_and_an_interval_from_chance_is_near_chance():
+    """Kills mutants of leaderboards/verdicts.py that survived the earlier tests (docs/mutation.md): each verdict
+    names the metric and value that decided it (a page's tooltip), and a 95% interval whose lower end is chance
+    itself contains chance."""
+    from leaderboards.verdicts import band
+    assert band("psnr", 35.0, True).why == "psnr 35" and band("psnr", 20.0, True).why == "psnr 20"
+    assert band("psnr", 20.0, True).level == "partial"
+    near = band("mia_auroc", 0.62, True, {"mia_auroc_ci95": [0.5, 0.74]})
+    assert near.level == "resisted" and near.why == "mia_auroc 0.620: its 95% interval contains 0.5"
+    assert band("mia_auroc", 0.62, True, {"mia_auroc_ci95": [0.51, 0.74]}).level == "partial"
