@@ -8,6 +8,8 @@ equivalent (it cannot change what the code computes), and docs/mutation.md lists
     python tests/mutation/sweep.py                      # every module, every mutant
     python tests/mutation/sweep.py --only grid,view     # modules whose path contains one of these words
     python tests/mutation/sweep.py --sample 40 --seed 0 # at most 40 mutants per module, drawn with this seed
+    python tests/mutation/sweep.py --rerun out/mutation/summary.json   # only the survivors listed there, after
+                                                                      # adding tests that should kill them
 
 Writes --out/summary.json (the counts per module) and --out/<module>.survivors.txt (each survivor's diff).
 """
@@ -18,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -70,10 +73,18 @@ def configure(work: Path, module: str, tests: list[str]) -> None:
 
 
 def mutmut(work: Path, args: list[str], timeout: float) -> None:
+    """One mutmut command in its own process group; past `timeout` the whole group (its forked test processes
+    too) is ended and the mutants it did not reach stay "not checked"."""
     env = {**os.environ, "PYTHONPATH": str(work / "mutants"), "LEAKBENCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
     with open(work / "mutmut.log", "a") as log:
-        subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, stdout=log, stderr=log,
-                       timeout=timeout, check=False)
+        proc = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, stdout=log, stderr=log,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            log.write(f"\nsweep: stopped after {timeout:g} s\n")
 
 
 def statuses(work: Path) -> dict[str, str]:
@@ -88,9 +99,15 @@ def sweep(module: str, spec: dict, args) -> dict:
     work = args.work / slug(module)
     copy_tree(work)
     configure(work, module, spec["tests"])
+    # before Python starts: a PYTHONPATH entry missing at start-up is never searched, even once mutmut creates it
+    (work / "mutants").mkdir()
     started = time.monotonic()
     patterns = spec.get("functions")
-    if args.sample or patterns:   # generate and collect once, then run the chosen mutants only
+    if args.rerun:
+        names = json.loads(args.rerun.read_text())[module]["survivors"]
+        if names:   # none: nothing to rerun (an empty list would run every mutant)
+            mutmut(work, ["run", "--max-children", "1", *names], args.timeout)
+    elif args.sample or patterns:   # generate and collect once, then run the chosen mutants only
         mutmut(work, ["run", "--max-children", "1", "no.such.mutant*"], args.timeout)
         names = sorted(statuses(work))
         if patterns:
@@ -102,9 +119,13 @@ def sweep(module: str, spec: dict, args) -> dict:
     else:
         names = None
         mutmut(work, ["run", "--max-children", "1"], args.timeout)
-    found = statuses(work)
+    found = statuses(work) if names is None or names else {}
     if names is not None:
         found = {n: s for n, s in found.items() if n in set(names)}
+    unreached = [n for n, s in found.items() if s == "not checked"]   # past --timeout: neither killed nor survived
+    if unreached:
+        print(f"{module}: {len(unreached)} mutants not reached; see {work / 'mutmut.log'}", flush=True)
+    found = {n: s for n, s in found.items() if s != "not checked"}
     counts: dict[str, int] = {}
     for status in found.values():
         counts[status] = counts.get(status, 0) + 1
@@ -117,7 +138,7 @@ def sweep(module: str, spec: dict, args) -> dict:
             out.write(f"### {name}: {found[name]}\n{shown}\n")
     killed = sum(counts.get(s, 0) for s in KILLED)
     return {"module": module, "tests": spec["tests"], "mutants": len(found), "killed": killed,
-            "survived": len(found) - killed, "by_status": counts, "survivors": survivors,
+            "survived": len(found) - killed, "by_status": counts, "survivors": survivors, "unreached": len(unreached),
             "score": round(killed / len(found), 3) if found else None, "wall_s": round(time.monotonic() - started)}
 
 
@@ -126,6 +147,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated words; modules whose path contains one")
     parser.add_argument("--sample", type=int, default=0, help="at most this many mutants per module (0: all)")
     parser.add_argument("--seed", default="0", help="seed of the sample")
+    parser.add_argument("--rerun", type=Path, default=None,
+                        help="a summary.json of an earlier sweep: run only its survivors (of the modules it holds)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one module's mutmut run may take")
     parser.add_argument("--work", type=Path, default=Path("/tmp/leakbench-mutation"))
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "mutation")
@@ -133,6 +156,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     words = [w for w in args.only.split(",") if w]
     chosen = {m: s for m, s in MODULES.items() if not words or any(w in m for w in words)}
+    if args.rerun:
+        chosen = {m: s for m, s in chosen.items() if m in json.loads(args.rerun.read_text())}
     if not chosen:
         sys.exit(f"--only {args.only!r} names none of: {', '.join(MODULES)}")
     summary_path = args.out / "summary.json"
