@@ -75,3 +75,28 @@ def test_every_clear_message_of_the_attacked_client_is_in_its_view(name, params)
     sent_keys = {k for k in view.meta if k.startswith("sent/")}
     assert sent_keys == {f"sent/{r}/{what}" for r, what, _ in before}
     assert hidden_leak_free(view)
+
+
+def test_what_the_server_knows_of_the_final_model_and_of_the_global_weights():
+    """Kills mutants of bench/protocol/view.py that no test of the view reached (docs/mutation.md): the visible
+    and known fractions (none of an empty view), the final model assembled with zeros or last known values, and
+    whether the global weights and any final entry are known."""
+    from types import SimpleNamespace
+
+    from bench.protocol.view import Knowledge, MembershipKnowledge, model_blocked
+    nan = float("nan")
+    assert ServerView.visible_fraction(SimpleNamespace(visible={"w": torch.tensor([True, False, True, True])})) == 0.75
+    assert ServerView.visible_fraction(SimpleNamespace(visible={})) == 0.0
+    assert Knowledge.knows_global_model(SimpleNamespace(global_params={"w": torch.ones(3)}))
+    assert not Knowledge.knows_global_model(SimpleNamespace(global_params={"w": torch.tensor([1.0, nan])}))
+    empty = torch.zeros(0)
+    final, last = {"w": torch.tensor([1.0, nan, 3.0, nan])}, {"w": torch.tensor([9.0, 8.0, 7.0, 6.0])}
+    mk = MembershipKnowledge(empty, empty, empty, empty, {}, final, last, {})
+    assert mk.known_fraction() == 0.5
+    assert mk.assemble("zero")["w"].tolist() == [1.0, 0.0, 3.0, 0.0]
+    assert mk.assemble("last")["w"].tolist() == [1.0, 8.0, 3.0, 6.0]
+    with pytest.raises(ValueError, match="'zero' or 'last'"):
+        mk.assemble("mean")
+    assert model_blocked(SimpleNamespace(membership=mk)) is None
+    hidden = MembershipKnowledge(empty, empty, empty, empty, {}, {"w": torch.full((2,), nan)}, last, {})
+    assert hidden.known_fraction() == 0.0 and "knows no entry" in model_blocked(SimpleNamespace(membership=hidden))
