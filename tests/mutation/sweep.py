@@ -47,7 +47,10 @@ MODULES: dict[str, dict] = {
     "attacks/labels/ilrg.py": {"tests": ["tests/test_ilrg.py"]},
 }
 SOURCES = ["bench/", "defenses/", "attacks/", "metrics/", "leaderboards/"]
-KILLED = {"killed", "timeout", "segfault"}
+KILLED = {"killed", "timeout"}
+# neither killed nor survived: not reached before --timeout, or the forked test process crashed (a library that
+# is not fork-safe can crash whatever the mutant), so its tests said nothing about the mutant
+UNDECIDED = {"not checked", "segfault"}
 
 
 def slug(module: str) -> str:
@@ -122,10 +125,11 @@ def sweep(module: str, spec: dict, args) -> dict:
     found = statuses(work) if names is None or names else {}
     if names is not None:
         found = {n: s for n, s in found.items() if n in set(names)}
-    unreached = [n for n, s in found.items() if s == "not checked"]   # past --timeout: neither killed nor survived
-    if unreached:
-        print(f"{module}: {len(unreached)} mutants not reached; see {work / 'mutmut.log'}", flush=True)
-    found = {n: s for n, s in found.items() if s != "not checked"}
+    undecided = {n: s for n, s in found.items() if s in UNDECIDED}
+    if undecided:
+        print(f"{module}: {len(undecided)} mutants undecided (not reached or crashed); see {work / 'mutmut.log'}",
+              flush=True)
+    found = {n: s for n, s in found.items() if s not in UNDECIDED}
     counts: dict[str, int] = {}
     for status in found.values():
         counts[status] = counts.get(status, 0) + 1
@@ -138,7 +142,7 @@ def sweep(module: str, spec: dict, args) -> dict:
             out.write(f"### {name}: {found[name]}\n{shown}\n")
     killed = sum(counts.get(s, 0) for s in KILLED)
     return {"module": module, "tests": spec["tests"], "mutants": len(found), "killed": killed,
-            "survived": len(found) - killed, "by_status": counts, "survivors": survivors, "unreached": len(unreached),
+            "survived": len(found) - killed, "by_status": counts, "survivors": survivors, "undecided": undecided,
             "score": round(killed / len(found), 3) if found else None, "wall_s": round(time.monotonic() - started)}
 
 
