@@ -17,6 +17,7 @@ from bench.cli import main
 from bench.registry import METRICS
 
 TIMING_DETAILS = ("clustering_s", "round_time")   # wall-clock values kept in a record's details
+EXECUTION_DETAILS = ("he_clock",)   # how HE time was clocked: worker and thread counts differ between executors
 
 
 def comparable(path) -> list[dict]:
@@ -24,6 +25,8 @@ def comparable(path) -> list[dict]:
     records = json.loads(path.read_text())
     for rec in records:
         rec["metrics"] = {k: v for k, v in rec["metrics"].items() if k not in timing}
+        for key in EXECUTION_DETAILS:
+            (rec.get("details") or {}).pop(key, None)
         rec["environment"].pop("digest", None)   # it covers the timing values too
         for info in (rec.get("details") or {}).values():
             if isinstance(info, dict):
