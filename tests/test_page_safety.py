@@ -7,6 +7,7 @@ from html.parser import HTMLParser
 import pytest
 
 from bench.cli import main
+from bench.protocol.records import seal
 from bench.registry import METRICS
 from tests.conftest import consistent
 from leaderboards.render import env, render
@@ -34,12 +35,13 @@ DANGEROUS = ("javascript:", "vbscript:", "data:")
 
 
 def record(defense, attack, scenario, status="ok", reason="", suite="t", **metrics):
-    return {"cell_id": f"{scenario}-{defense}-{attack}", "suite": suite, "scenario": scenario, "defense": defense,
-            "defense_params": {"note": SCRIPT}, "attack": attack, "attack_params": {}, "status": status,
-            "reason": reason, "metrics": metrics,
-            "details": {"per_target": {}, "family": "image", "sources": SOURCES,
-                        "texts": [{"reference": [SCRIPT, IMG], "recovered": [IMG, SCRIPT]}],
-                        "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics}}}
+    """A sealed record (so a page shows it in its tables, bench/protocol/records.py) whose every field is hostile."""
+    return seal({"cell_id": f"{scenario}-{defense}-{attack}", "suite": suite, "scenario": scenario, "defense": defense,
+                 "defense_params": {"note": SCRIPT}, "attack": attack, "attack_params": {}, "status": status,
+                 "reason": reason, "metrics": metrics, "environment": {},
+                 "details": {"per_target": {}, "family": "image", "sources": SOURCES,
+                             "texts": [{"reference": [SCRIPT, IMG], "recovered": [IMG, SCRIPT]}],
+                             "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics}}})
 
 
 def hostile_records(suite="t"):
