@@ -41,6 +41,12 @@ def test_1_a_record_stripped_of_its_digest_and_edited_is_greyed_and_kept_off_the
     assert any(r["metrics"].get("lnacc") == 0.7123 for r in json.loads((tmp_path / "core" / "results.json").read_text()))
 
 
+def test_1_compare_marks_an_unverified_record(tiny_core, tmp_path, capsys):
+    _copy(tiny_core, tmp_path / "theirs", _strip_and_edit)
+    assert main(["compare", str(tiny_core / "core"), str(tmp_path / "theirs")]) == 0
+    assert "digits-tiny/dp-fedavg/idlg-extended [unverified]  lnacc: 1.0 -> 0.7123" in capsys.readouterr().out
+
+
 def _old_schema(rec: dict) -> dict:
     """The record as the code before audit trials wrote it: no canary fields, its own cell id, sealed then."""
     old = copy.deepcopy(rec)

@@ -30,6 +30,8 @@ def test_a_genuine_row_reproduces_and_a_resealed_forgery_differs(tiny_core, tmp_
     assert "2 of 6 cell(s) selected" in out and "1 reproduced, 1 differ, 0 stale" in out
     assert main(["verify", str(copy_export(tiny_core, tmp_path / "genuine")), "--sample", "all"]) == 0
     assert "6 reproduced, 0 differ, 0 stale" in capsys.readouterr().out
+    # recomputed with the torch threads each record says computed it: the order of its float reductions
+    assert all(isinstance(r["environment"]["threads"], int) for r in json.loads((folder / "results.json").read_text()))
 
 
 def test_a_cell_of_other_code_is_stale_until_forced(tiny_core, tmp_path, capsys):

@@ -32,12 +32,13 @@ from bench.run.spec import Cell
 
 def environment(cell: Cell) -> dict[str, Any]:
     """Where and with what code the cell was computed: the fingerprint over its components' hashes (bench/run/version.py),
-    the hashes themselves, and `plugins`, the installed plugins that took part."""
+    the hashes themselves, and `plugins`, the installed plugins that took part. `threads` (torch's intra-op threads)
+    is kept since it sets the order of float reductions: `leakbench verify` recomputes with the same count."""
     from bench.run.version import cell_components, cell_fingerprint, cell_plugins, package_version
     plugins = cell_plugins(cell)
     components = cell_components(cell, plugins)
     env = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-           "cpus": os.cpu_count(), "leakbench": package_version(),
+           "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "leakbench": package_version(),
            "fingerprint": cell_fingerprint(cell, components=components), "components": components,
            "device": compute_device()}
     return env | ({"plugins": plugins} if plugins else {})

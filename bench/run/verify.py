@@ -8,7 +8,7 @@ compares every metric with the stored value:
 - selection: a seeded random sample of `sample` cells (after `only`, a label pattern as `leakbench run --only`
   takes), plus the headline cell of every row it touches (the row's cell with the most severe verdict, the one
   its verdict rests on); a row (scenario, defense) is one federated run, so its headline cell costs one attack;
-- tolerance: exact for counts and labels (bytes, whole numbers, the label family's privacy metrics), status and
+- tolerance: exact for counts and labels (bytes, whole numbers, the metrics banded as label recovery), status and
   a blocked or diverged cell's reason; a metric with a stored 95% interval (a bootstrap) reproduces when the
   stored value lies inside the recomputed interval and the two intervals overlap; any other number within
   `Tolerance` (relative RELATIVE, absolute ABSOLUTE by default, per metric on the command line); timing
@@ -18,7 +18,9 @@ compares every metric with the stored value:
   fingerprint's commit. A record whose config today's code cannot rebuild into its cell id is stale too.
 
 The run is the whole row's: every cell of the row in the folder takes part in the federated run (they decide
-what it draws: membership candidates, a malicious server's exchange), only the selected ones are scored. Nothing
+what it draws: membership candidates, a malicious server's exchange), only the selected ones are scored, with
+as many torch threads as the record says computed it (a thread count changes the order of float reductions:
+core's labels row on 2 threads reproduces exactly, on 1 its accuracy moves by one of 500 test samples). Nothing
 is written to the folder; `leakbench site --verify N` passes what was reproduced to the pages (the reading rule).
 """
 from __future__ import annotations
@@ -26,8 +28,11 @@ from __future__ import annotations
 import math
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import torch
 
 from bench.federation.scenario import Scenario, SpecError, build
 from bench.protocol.records import config_id, digest
@@ -169,14 +174,16 @@ def differences(stored: dict[str, Any], fresh: dict[str, Any], tol: Tolerance) -
 
 
 def _kind(name: str, stored: dict[str, Any], fresh: dict[str, Any]) -> str:
-    """timing, exact or real: from the running code's metric schema (the fresh record's snapshot)."""
+    """timing, exact (a count: bytes or a whole number; or a label metric, one whose verdict band speaks of
+    labels) or real: from the running code's metric schema (the fresh record's snapshot)."""
+    from leaderboards.verdicts import BANDS, LABELS
+
     entry = fresh["details"].get("metric_schema", {}).get(name) or \
         stored["details"].get("metric_schema", {}).get(name) or {}
     if entry.get("timing"):
         return "timing"
     whole = entry.get("unit") == "B" or str(entry.get("fmt", "")).endswith(".0f}")
-    labels = fresh["details"].get("family") == "label" and entry.get("kind") == "privacy"
-    return "exact" if whole or labels else "real"
+    return "exact" if whole or name in BANDS and BANDS[name].words == LABELS else "real"
 
 
 def _agree(name: str, kind: str, a: Any, b: Any, stored: dict, fresh: dict, tol: Tolerance) -> bool:
@@ -238,14 +245,31 @@ def verify(records: list[dict[str, Any]], data_root: str | None = None, sample: 
         if not scored:
             continue
         group = [c for r in records if _row(r) == key and (c := cells[r["cell_id"]]) is not None]
-        clock = time.perf_counter()
-        fresh = run_group(group, data_root, scored=[cells[r["cell_id"]] for r in scored])
-        for rec, new in zip(scored, fresh):
-            found = differences(rec, new, tolerance)
-            seconds, clock = time.perf_counter() - clock, time.perf_counter()
-            why = "; ".join(f"{m} stored {a!r}, recomputed {b!r}" for m, a, b in found)
-            tell(Outcome(rec, _label(rec), "differs" if found else "reproduced", why, found, seconds))
+        threads = (scored[0].get("environment") or {}).get("threads")
+        with _threads(threads):
+            clock = time.perf_counter()
+            for rec, new in zip(scored, run_group(group, data_root, scored=[cells[r["cell_id"]] for r in scored])):
+                found = differences(rec, new, tolerance)
+                seconds, clock = time.perf_counter() - clock, time.perf_counter()
+                why = "; ".join(f"{m} stored {a!r}, recomputed {b!r}" for m, a, b in found)
+                if found and not isinstance(threads, int):
+                    why += (f" (the record does not say how many torch threads computed it; recomputed with "
+                            f"{torch.get_num_threads()}: set LEAKBENCH_THREADS to its count)")
+                tell(Outcome(rec, _label(rec), "differs" if found else "reproduced", why, found, seconds))
     return Report(outcomes, drawn, len(records), time.perf_counter() - started)
+
+
+@contextmanager
+def _threads(count: Any) -> Iterator[None]:
+    """Torch's intra-op threads set to the stored count while a row is recomputed (left as they are when the
+    record does not say)."""
+    before = torch.get_num_threads()
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _label(rec: dict[str, Any]) -> str:
