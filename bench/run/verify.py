@@ -213,7 +213,7 @@ def verify(records: list[dict[str, Any]], data_root: str | None = None, sample: 
     cell runs."""
     from bench.run.cells import run_group
     from bench.run.preflight import check_suite_data
-    from bench.run.version import cell_fingerprint
+    from bench.run.version import cell_components, cell_fingerprint, stale_components
 
     started = time.perf_counter()
     cells = {r["cell_id"]: rebuild(r) for r in records}
@@ -238,8 +238,10 @@ def verify(records: list[dict[str, Any]], data_root: str | None = None, sample: 
                 tell(Outcome(rec, label, "stale", "its config is of an older schema this code cannot rebuild; check "
                                                   f"out the commit of fingerprint {theirs}"))
             elif theirs != cell_fingerprint(cell) and not force:
-                tell(Outcome(rec, label, "stale", f"computed by code {theirs}, this code is {cell_fingerprint(cell)}: "
-                                                  f"recompute with --force or check out the commit of {theirs}"))
+                moved = stale_components((rec.get("environment") or {}).get("components"), cell_components(cell))
+                tell(Outcome(rec, label, "stale", f"computed by code {theirs} (other {', '.join(moved)}), this code is "
+                                                  f"{cell_fingerprint(cell)}: recompute with --force or check out the "
+                                                  f"commit of {theirs}"))
             else:
                 scored.append(rec)
         if not scored:
