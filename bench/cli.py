@@ -1,5 +1,5 @@
 """Command line: `leakbench list KIND`, `leakbench run SUITE`, `leakbench leaderboard`, `leakbench site ROOT`,
-`leakbench compare OUT_A OUT_B`.
+`leakbench compare OUT_A OUT_B`, `leakbench verify DIR`.
 
 Bad input (suite, data, store) ends with one line on stderr naming the fault and the fix,
 and exit status 2; a run whose cells failed exits 1 after every result is stored. Output read only in part
@@ -73,6 +73,27 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("root")
     site.add_argument("--date", default=None, metavar="YYYY-MM-DD",
                       help="generation date every page prints (default: today, UTC); pass it to re-render identically")
+    site.add_argument("--verify", type=int, default=None, metavar="N",
+                      help="first recompute a sample of N cells of every directory (`leakbench verify`); publish "
+                           "only when none differs, and mark each page 'verified: k of n cells recomputed'")
+    site.add_argument("--data-root", default=None, help="data root for --verify (default: $LEAKBENCH_DATA)")
+    ver = sub.add_parser("verify", help="recompute a sample of a results directory's cells from their stored "
+                                        "configs and compare every metric: reproduced, differs or stale (exit 1 if "
+                                        "any differs)")
+    ver.add_argument("dir", help="an output directory of `leakbench run` (its results.json), e.g. one you were sent")
+    ver.add_argument("--sample", default=None, metavar="N",
+                     help="cells drawn at random (seeded), besides the headline cell of each row they fall in; "
+                          "'all' for every selected cell (default 8)")
+    ver.add_argument("--only", metavar="PATTERN", default=None,
+                     help="draw only from cells whose label scenario/defense/attack matches (glob, or a substring)")
+    ver.add_argument("--tolerance", metavar="REL|METRIC=REL", action="append", default=[],
+                     help="relative tolerance of real-valued metrics (default 1e-3), or of one metric (repeatable); "
+                          "counts and labels compare exactly, bootstrapped metrics by their intervals, times never")
+    ver.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
+    ver.add_argument("--force", action="store_true",
+                     help="recompute stale cells too (computed by other code), comparing them all the same")
+    ver.add_argument("--data-root", default=None, help="data root (default: $LEAKBENCH_DATA)")
+    ver.add_argument("--device", default="cpu", help="auto | cpu | cuda: where the recomputation runs")
     cmp = sub.add_parser("compare", help="per-cell metric deltas between two output directories (B - A)")
     cmp.add_argument("out_a")
     cmp.add_argument("out_b")
@@ -214,7 +235,8 @@ def _leaderboard(args) -> int:
 
 
 def _site(args) -> int:
-    from leaderboards.site import build_site
+    from bench.run.version import staleness
+    from leaderboards.site import build_site, check_folders
 
     import datetime
 
@@ -223,10 +245,53 @@ def _site(args) -> int:
             datetime.date.fromisoformat(args.date)
         except ValueError:
             raise ValueError(f"--date '{args.date}': expected YYYY-MM-DD, e.g. 2026-01-31") from None
+    if args.verify is not None and args.verify < 1:
+        raise ValueError(f"--verify {args.verify}: expected a number of cells >= 1")
     date = args.date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    from bench.run.version import staleness
-    say(f"site: {build_site(args.root, current=builtin_page_info, generated=date, stale=staleness)}")
+    loaded = check_folders(args.root, builtin_page_info)
+    verifications = {}
+    if args.verify is not None:
+        from bench.run.verify import verify
+
+        for directory, records in loaded:
+            report = verify(records, args.data_root, sample=args.verify,
+                            progress=lambda o, d=directory: say(f"{d.name}: {_outcome(o)}"))
+            if report.exit_code:
+                print(f"leakbench: {directory.name}: {report.count('differs')} of {len(report.outcomes)} recomputed "
+                      "cell(s) differ from what it stores; nothing was published", file=sys.stderr)
+                return report.exit_code
+            verifications[directory] = report.marks()
+    say(f"site: {build_site(args.root, builtin_page_info, date, staleness, loaded, verifications)}")
     return 0
+
+
+def _outcome(o) -> str:
+    """One line of `leakbench verify`'s report."""
+    if o.state == "reproduced":
+        return f"reproduced  {o.label} ({o.seconds:.1f} s)"
+    return f"{o.state:11s} {o.label}: {o.why}"
+
+
+def _verify(args) -> int:
+    from bench.models import torch_device
+    from bench.run.verify import DEFAULT_SAMPLE, Tolerance, verify
+    from leaderboards.export import load_records
+
+    torch_device.use(args.device)
+    tolerance = Tolerance.parse(args.tolerance)
+    if args.sample == "all":
+        sample = None
+    elif args.sample is None or args.sample.isdigit() and int(args.sample) > 0:
+        sample = DEFAULT_SAMPLE if args.sample is None else int(args.sample)
+    else:
+        raise ValueError(f"--sample {args.sample!r}: expected a number of cells >= 1 or 'all'")
+    records = load_records(args.dir)
+    report = verify(records, args.data_root, sample=sample, only=args.only, seed=args.seed, tolerance=tolerance,
+                    force=args.force, progress=lambda o: say(_outcome(o)))
+    say(f"verify {args.dir}: {len(report.outcomes)} of {report.cells} cell(s) selected ({report.sampled} drawn with "
+        f"seed {args.seed}, the rest their rows' headline cells): {report.count('reproduced')} reproduced, "
+        f"{report.count('differs')} differ, {report.count('stale')} stale; {report.seconds:.1f} s")
+    return report.exit_code
 
 
 def committed_results(suite: str) -> Path | None:
@@ -304,6 +369,8 @@ def _main(argv: list[str] | None) -> int:
             return _site(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "verify":
+            return _verify(args)
         return _leaderboard(args)
     except Exception as err:
         if not isinstance(err, _user_errors()):

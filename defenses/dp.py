@@ -131,7 +131,10 @@ class DPFedAvg(Defense):
                                f"the ledger accounts {sc.clients_per_round} of {sc.num_clients}")
         self._sampled = len(clients)
         self._most = max(self._most, len(clients))
-        self.ledger.step()
+        while self.ledger.steps < round + 1:   # this round's release; a copy that joins the run at a later round
+            self.ledger.step()                 # (a malicious server's exchange) accounts the rounds released before
+        if self.ledger.steps != round + 1:
+            raise RuntimeError(f"dp: round {round} started twice; the ledger accounted {self.ledger.steps} rounds")
         # the inner negotiation sees what will be encoded: clipped (not yet noised) updates
         self.inner.round_start(fed, round, clients, {n: clip_update(u, self.clip)[0] for n, u in updates.items()})
 

@@ -4,17 +4,19 @@ An attack that recovers nothing from a plain upload says nothing about a defense
 "image not recovered" under a defense is then the attack's failure, not the defense's success. So in each
 scenario an attack's cells yield verdicts (and count toward worst cases, ranks and the front page) only when
 the same attack, with the same parameters, reaches at least the middle band ("partly recovered", "membership
-signal") on the undefended row of that scenario. Which rows are undefended is page info the run stores
-(`undefended`: the defense rows, with their parameters, whose uploads carry the trained update unprotected:
-Defense.undefended, bench/run/spec.py), so nothing here names
-a defense. Otherwise the attack's cells read "no verdict" with the undefended row's value as the reason.
+signal") on the undefended row of that scenario. Which rows are undefended each record says itself
+(details `undefended`: whether its defense row, with its parameters, uploads the trained update unprotected,
+Defense.undefended, stored when the cell was computed and sealed with it), so nothing here names a defense and
+no page info can move the yardstick. Otherwise the attack's cells read "no verdict" with the undefended row's
+value as the reason. Calibration fails closed: where the records cannot say which row is undefended (records
+from before they stored it) or the scenario has none, the attack gives no verdict.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from leaderboards.schema import MALICIOUS, defense_label, family, schema_of
+from leaderboards.schema import MALICIOUS, defense_label, family, schema_of, undefended
 from leaderboards.verdicts import BANDS, IMAGE, LABELS, MEMBERSHIP, TEXT, band, worst
 
 BREAKS = ("leak", "partial")   # bands of the undefended row that show the attack works in the scenario
@@ -40,22 +42,21 @@ def record_verdict(rec: dict[str, Any], schema):
     return worst([band(k, rec["metrics"][k], schema[k].lower_is_better, rec["details"]) for k in own or keys])
 
 
-def calibrate(records: list[dict[str, Any]], info: dict[str, Any],
-              label: Callable[[dict[str, Any]], str]) -> dict[str, Calibration]:
+def calibrate(records: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> dict[str, Calibration]:
     """Per attack label of one scenario's records: whether its cells may give verdicts. Reference attacks
     (floors such as random guessing) never do and are left out."""
-    if "undefended" not in info:
-        return {}   # page info from before the rule (or none): nothing to calibrate against is known
-    undefended = set(info["undefended"])
     schema = schema_of(records)
     out: dict[str, Calibration] = {}
     for att in dict.fromkeys(label(r) for r in records):
         mine = [r for r in records if label(r) == att]
         if family(mine[0]) == "reference":
             continue
-        plain = [r for r in mine if defense_label(r) in undefended]
+        plain = [r for r in mine if undefended(r)]
         if not plain:
-            out[att] = Calibration(False, "no undefended row in this scenario to calibrate the attack against")
+            unknown = [r for r in mine if undefended(r) is None]
+            out[att] = Calibration(False, f"its records do not say which row is undefended ({defense_label(unknown[0])}"
+                                          " predates it): recompute the scenario" if unknown else
+                                          "no undefended row in this scenario to calibrate the attack against")
             continue
         ran = [r for r in plain if r["status"] == "ok"]
         if not ran:

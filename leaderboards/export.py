@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.protocol.records import VOLATILE_ENV, check_record
+from bench.protocol.records import VOLATILE_ENV, check_record, verified
 
 RECORD_KEYS = ("cell_id", "suite", "scenario", "defense", "defense_params", "attack", "attack_params", "status",
                "reason", "metrics", "details", "config", "environment")
@@ -64,8 +64,9 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     return [check_record(rec, str(path), i) for i, rec in enumerate(records)]
 
 
-def load_pages(directory: str | Path) -> dict[str, dict[str, Any]]:
-    """pages.json of an output directory (each suite's page info), {} where there is none."""
+def load_pages(directory: str | Path, records: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """pages.json of an output directory (each suite's page info), {} where there is none; with the directory's
+    `records`, each suite's info is checked against them (`check_pages`)."""
     path = Path(directory) / "pages.json"
     if not path.is_file():
         return {}
@@ -73,7 +74,43 @@ def load_pages(directory: str | Path) -> dict[str, dict[str, Any]]:
     if not isinstance(pages, dict) or not all(isinstance(v, dict) for v in pages.values()):
         raise ValueError(f"{path} is not a LeakBench pages file (expected suite -> page info); restore it from git "
                          "or move it aside")
+    if records is not None:
+        check_pages(path, pages, records)
     return pages
+
+
+def check_pages(path: Path, pages: dict[str, dict[str, Any]], records: list[dict[str, Any]]) -> None:
+    """Each suite's page info as a page reads it: its words are text, and every figure and paper row is a table
+    naming what the suite's records hold (as a suite file's are checked at load: leaderboards/figures.py), so a
+    bad pages.json is refused in one line (ValueError) before anything is rendered or written."""
+    from leaderboards.figures import check_figure
+    from leaderboards.paper import check_paper
+
+    for suite, info in pages.items():
+        where = f"{path}: suite {suite!r}"
+        for key in ("description", "notes"):
+            if not isinstance(info.get(key, ""), str):
+                raise ValueError(f"{where}: {key} is {type(info[key]).__name__}, not text; restore it from git")
+        known = known_columns([r for r in records if r["suite"] == suite])
+        for kind, check in (("figures", check_figure), ("paper", check_paper)):
+            specs = info.get(kind, [])
+            if not isinstance(specs, list):
+                raise ValueError(f"{where}: {kind} is {type(specs).__name__}, not a list; restore it from git")
+            for i, spec in enumerate(specs):
+                try:
+                    check(spec, known)
+                except ValueError as err:
+                    raise ValueError(f"{where} {kind}[{i}]: {err}; fix it or restore the file from git") from None
+
+
+def known_columns(records: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """What a figure or paper row over these records may name (bench/run/mistakes.py's known_names, for stored
+    records): their scenarios, defenses, attacks, metrics, and the parameters they set."""
+    metrics = {k for r in records for k in r["metrics"]}
+    params = {k for r in records for kind in ("defense_params", "attack_params") for k in r.get(kind) or {}}
+    return {"scenario": {r["scenario"] for r in records}, "defense": {r["defense"] for r in records},
+            "attack": {r["attack"] for r in records}, "metric": metrics,
+            "column": metrics | params | {"scenario", "defense", "attack"}}
 
 
 def _json(path: Path) -> Any:
@@ -96,7 +133,8 @@ def compare(a: str | Path, b: str | Path) -> list[dict[str, Any]]:
 
 def differences(a: str | Path, b: str | Path) -> tuple[list[dict[str, Any]], int]:
     """`compare`'s rows and how many cells the two directories share; none shared is refused (ValueError): two
-    unrelated directories would otherwise read as "no difference"."""
+    unrelated directories would otherwise read as "no difference". A row of a cell unverified on either side (no
+    valid digest: bench/protocol/records.py) is marked so in its label."""
     left = {r["cell_id"]: r for r in load_records(a)}
     right = load_records(b)
     common = [rec for rec in right if rec["cell_id"] in left]
@@ -106,7 +144,8 @@ def differences(a: str | Path, b: str | Path) -> tuple[list[dict[str, Any]], int
     rows = []
     for rec in common:
         old = left[rec["cell_id"]]
-        label = f"{rec['scenario']}/{rec['defense']}/{rec['attack']}"
+        label = f"{rec['scenario']}/{rec['defense']}/{rec['attack']}" + (
+            "" if verified(old) and verified(rec) else " [unverified]")   # the reading rule: marked, not trusted
         if old["status"] != rec["status"]:
             rows.append({"cell": label, "metric": "status", "a": old["status"], "b": rec["status"], "delta": None})
         for key in sorted(set(old["metrics"]) & set(rec["metrics"])):

@@ -27,18 +27,39 @@ from typing import Any
 FIGURE_KEYS = {"title", "x", "y", "hue", "attack", "scenario", "defense", "where", "logx", "logy", "series"}
 
 
-def check_figure(spec: dict[str, Any], known: dict[str, set[str]] | None = None) -> None:
-    """The figure's keys; with `known` (the suite's names: leaderboards' check_names), its axes and filters too,
-    since an axis no record holds draws nothing, silently. With `series`, x and y only title the axes."""
+def check_figure(spec: Any, known: dict[str, set[str]] | None = None) -> None:
+    """The figure's keys and their types; with `known` (the suite's names: leaderboards' check_names), its axes
+    and filters too, since an axis no record holds draws nothing, silently. With `series`, x and y only title
+    the axes."""
+    check_table(spec, "a figure", 'x = "ratio", y = "kde_mi"')
     unknown = set(spec) - FIGURE_KEYS
     if unknown or "x" not in spec or "y" not in spec:
         raise ValueError(f"figure needs x and y and accepts {sorted(FIGURE_KEYS)}; got {sorted(spec)}")
+    check_types(spec, ("title", "x", "y", "hue", "series", *IDENTITY), ("logx", "logy"))
     if known is not None:
         axes = ("hue",) if spec.get("series") else ("x", "y", "hue")
         check_names(spec, known, {k: "column" for k in axes})
 
 
 IDENTITY = ("scenario", "defense", "attack")
+
+
+def check_table(spec: Any, what: str, example: str) -> None:
+    """A figure or paper row is a table of keys (a page's pages.json is anyone's file: [NaN] is no figure)."""
+    if not isinstance(spec, dict) or not all(isinstance(k, str) for k in spec):
+        raise ValueError(f"{what} must be a table like {{{example}}}, got {type(spec).__name__} {str(spec)[:40]}")
+
+
+def check_types(spec: dict[str, Any], texts: tuple[str, ...], flags: tuple[str, ...] = ()) -> None:
+    """Text keys hold text, flags true or false, `where` a table."""
+    for key in texts:
+        if key in spec and not isinstance(spec[key], str):
+            raise ValueError(f"{key} must be text, got {type(spec[key]).__name__} {str(spec[key])[:40]}")
+    for key in flags:
+        if key in spec and not isinstance(spec[key], bool):
+            raise ValueError(f"{key} must be true or false, got {type(spec[key]).__name__}")
+    if "where" in spec and not isinstance(spec["where"], dict):
+        raise ValueError(f"where must be a table of column = value, got {type(spec['where']).__name__}")
 
 
 def check_names(spec: dict[str, Any], known: dict[str, set[str]], keys: dict[str, str]) -> None:

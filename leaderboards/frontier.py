@@ -130,8 +130,8 @@ def frontier(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> 
         if not measures_utility(recs, info, s, defense_label):
             skipped.append(f"{s}: its undefended row has no utility, so it measures no utility loss")
             continue
-        judged = calibrated(recs, calibrate(recs, info, attack_label), attack_label)
-        plain = undefended_run(recs, info)
+        judged = calibrated(recs, calibrate(recs, attack_label), attack_label)
+        plain = undefended_run(recs)
         rows = list(dict.fromkeys(defense_label(r) for r in recs if r["defense"] not in untrained))
         for fam in dict.fromkeys(family(r) for r in judged if family(r) not in ("reference", "")):
             mine = [r for r in judged if family(r) == fam]

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from leaderboards.calibration import calibrate, record_verdict
 from leaderboards.formats import interval, is_number, number
 from leaderboards.ordering import LEAKING, order
+from leaderboards.safe import site_href
 from leaderboards.schema import MALICIOUS, family, schema_of
 from leaderboards.tables import FAMILY_ORDER, attack_label, defense_label, sources
 from leaderboards.usefulness import measures_utility, useless
@@ -133,7 +134,7 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
     column_of = _column_of(records)
     columns = _columns(records, column_of)
     scenarios = list(dict.fromkeys(r["scenario"] for r in records))
-    cal = {s: calibrate([r for r in records if r["scenario"] == s], info, attack_label) for s in scenarios}
+    cal = {s: calibrate([r for r in records if r["scenario"] == s], attack_label) for s in scenarios}
     flat = {s: useless([r for r in records if r["scenario"] == s], info, s, defense_label) for s in scenarios}
     judged = {s for s in scenarios if measures_utility([r for r in records if r["scenario"] == s], info, s,
                                                        defense_label)}
@@ -141,7 +142,7 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
     untrained = set(info.get("untrained") or ())
 
     def href(rec):
-        return f"{name}/index.html#{rec['suite']}--{rec['scenario']}"
+        return site_href(name, fragment=f"{rec['suite']}--{rec['scenario']}")
 
     rows = []   # every defense with a record, and those that apply to no core scenario (n/a throughout)
     for d in dict.fromkeys([defense_label(r) for r in records] + [d for s in scenarios for d in na.get(s, {})]):
@@ -165,7 +166,7 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
             cell["repeat"] = (cell["kind"] in ("na", "blocked", "uncal") and prev["kind"] == cell["kind"]
                               and prev["verdict"].why == cell["verdict"].why)
         no_util = "; ".join(f"{s}: {flat[s][d]}" for s in scenarios if d in flat[s])
-        utility = _utility([r for r in mine if r["scenario"] in judged], records, info, href)
+        utility = _utility([r for r in mine if r["scenario"] in judged], records, href)
         verdicts = [(col["family"], c["verdict"].level) for col, c in zip(columns, cells)
                     if c["kind"] in ("ok", "blocked") and c["verdict"].level in LEVELS]
         leaked = [f for f, level in verdicts if level in LEAKING]
@@ -195,14 +196,14 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
             "calibration": {s: [{"attack": a, "ok": c.ok, "why": c.why} for a, c in cal[s].items()] for s in scenarios}}
 
 
-def _utility(mine, records, info, href) -> list[dict[str, Any]]:
+def _utility(mine, records, href) -> list[dict[str, Any]]:
     """Per core scenario that measures utility: the row's loss against the undefended row's utility there, with its
     95% interval (leaderboards/utility_loss.py), the largest relative loss first (a drop in accuracy and a rise in
     perplexity compare as fractions of the undefended value, not in their own units)."""
     out = []
     for s in dict.fromkeys(r["scenario"] for r in mine):
         rec = run_of([r for r in mine if r["scenario"] == s])
-        loss = utility_loss(rec, undefended_run([r for r in records if r["scenario"] == s], info)) if rec else None
+        loss = utility_loss(rec, undefended_run([r for r in records if r["scenario"] == s])) if rec else None
         if loss is not None:
             out.append({**loss, "scenario": s, "href": href(rec)})
     return sorted(out, key=lambda u: -u["relative"])

@@ -7,13 +7,14 @@ table writes it (the metric's unit and format). CELL names one record of the sui
 `scenario/defense(params)/attack(params)`, the same with names only where that is unambiguous, or a glob (`*`)
 that matches exactly one cell. METRIC is a metric the record reports; `METRIC ci` gives its stored 95% interval
 ("[lo, hi]"); `status` gives the cell's status, with its round where it diverged. A reference to no cell, to
-several, or to a metric the cell lacks fails the render with one line naming it (`NoteError`, exit 2).
+several, or to a metric the cell lacks fails the render with one line naming it (`NoteError`, exit 2). A value
+of an unverified record (bench/protocol/records.py's reading rule) reads "(unverified)" after it.
 """
 from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any
+from typing import Any, Callable
 
 from leaderboards.formats import interval, is_number, number
 from leaderboards.schema import schema_of
@@ -26,8 +27,10 @@ class NoteError(ValueError):
     """A reference in a suite's notes that names no cell, several, or a metric the cell lacks."""
 
 
-def resolve(text: str, records: list[dict[str, Any]], suite: str) -> str:
-    """`text` with every `{= CELL METRIC =}` replaced by the value it names."""
+def resolve(text: str, records: list[dict[str, Any]], suite: str,
+            trusted: Callable[[dict[str, Any]], bool] | None = None) -> str:
+    """`text` with every `{= CELL METRIC =}` replaced by the value it names, marked where `trusted` (the reading
+    rule) says the record is not."""
     schema = schema_of(records)
     full = {f"{r['scenario']}/{defense_label(r)}/{attack_label(r)}": r for r in records}
     bare: dict[str, list[dict[str, Any]]] = {}
@@ -35,6 +38,10 @@ def resolve(text: str, records: list[dict[str, Any]], suite: str) -> str:
         bare.setdefault(f"{r['scenario']}/{r['defense']}/{r['attack']}", []).append(r)
 
     def value(match: re.Match) -> str:
+        rec, text = cell_value(match)
+        return text if trusted is None or trusted(rec) else f"{text} (unverified)"
+
+    def cell_value(match: re.Match) -> tuple[dict[str, Any], str]:
         words = match.group(1).split()
         where = f"notes of suite '{suite}': {match.group(0)}"
         if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "ci"):
@@ -49,7 +56,7 @@ def resolve(text: str, records: list[dict[str, Any]], suite: str) -> str:
         rec = hits[0]
         if metric == "status":
             round_ = rec["metrics"].get("diverged_round")
-            return f"diverged at round {round_:.0f}" if rec["status"] == "diverged" and is_number(round_) \
+            return rec, f"diverged at round {round_:.0f}" if rec["status"] == "diverged" and is_number(round_) \
                 else rec["status"]
         shown = schema.get(metric)
         if shown is None or metric not in rec["metrics"] or (rec["metrics"][metric] is None and len(words) == 2):
@@ -59,7 +66,7 @@ def resolve(text: str, records: list[dict[str, Any]], suite: str) -> str:
             ci = rec["details"].get(f"{metric}_ci95")
             if not ci:
                 raise NoteError(f"{where}: the cell stores no 95% interval of '{metric}'")
-            return interval(ci, shown.unit, shown.fmt)
-        return number(rec["metrics"][metric], shown.unit, shown.fmt)
+            return rec, interval(ci, shown.unit, shown.fmt)
+        return rec, number(rec["metrics"][metric], shown.unit, shown.fmt)
 
     return REFERENCE.sub(value, text)

@@ -140,11 +140,10 @@ def _he(records: list[tuple[dict, dict]]) -> dict[tuple, dict[str, Any]]:
 
 def _judged(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """The entry's records less those of attacks that fail on their scenario's undefended row (no verdict)."""
-    infos = entry.get("infos") or {}
     out = []
     for (suite, scenario) in dict.fromkeys((r["suite"], r["scenario"]) for r in entry["records"]):
         recs = [r for r in entry["records"] if r["suite"] == suite and r["scenario"] == scenario]
-        out += calibrated(recs, calibrate(recs, infos.get(suite, {}), attack_label), attack_label)
+        out += calibrated(recs, calibrate(recs, attack_label), attack_label)
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
-from leaderboards.figures import IDENTITY, check_names, lookup
+from leaderboards.figures import IDENTITY, check_names, check_table, check_types, lookup
 from leaderboards.formats import is_number, number
 from leaderboards.schema import schema_of
 
@@ -48,6 +48,8 @@ def _reported(value: Any) -> tuple[float, float] | None:
 def check_paper(spec: dict[str, Any], known: dict[str, set[str]] | None = None) -> None:
     """The row's keys and values; with `known` (the suite's names, leaderboards/figures.py check_names), its
     metric, filters and baseline too: a row naming what no record holds would read "–" beside the paper."""
+    check_table(spec, "a [[paper]] row", 'metric = "lnacc", reported = 0.99, source = "..."')
+    check_types(spec, ("metric", "source", "note", "reported_by", *IDENTITY))
     unknown = set(spec) - PAPER_KEYS
     base = spec.get("baseline", {})
     if unknown or "metric" not in spec or _reported(spec.get("reported")) is None or not isinstance(base, dict) \
@@ -56,6 +58,7 @@ def check_paper(spec: dict[str, Any], known: dict[str, set[str]] | None = None) 
         raise ValueError(f"a [[paper]] row needs metric and a numeric reported value (or [lo, hi]), reported_by "
                          f"one of {', '.join(REPORTERS)}, a tolerance >= 0, and accepts "
                          f"{sorted(PAPER_KEYS)} (baseline: a table of scenario/defense/attack/where); got {sorted(spec)}")
+    check_types(base, IDENTITY)
     if known is not None:
         check_names(spec, known, {"metric": "metric"})
         check_names(base, known, {})

@@ -9,6 +9,10 @@ and, collapsed, its reconstructions (thumbnails; recovered text beside its refer
 leaderboards/texts.py); the paper-vs-ours table, declared figures and the suite's notes.
 Written text reaches the page only as plain text under autoescape or, for notes, through
 leaderboards/safe.py's sanitizer; links taken from records through its safe_url.
+
+The reading rule (bench/protocol/records.py `verified`): a record that is not sealed and was not reproduced by
+`leakbench verify` is listed under its scenario as unverified, greyed, and takes no part in the table, its
+verdicts, ranks, calibration, plots, figures or paper rows; the exports keep it as it was.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any
 
 import jinja2
 
+from bench.protocol.records import verified
 from leaderboards.export import write_exports
 from leaderboards.figures import draw
 from leaderboards.formats import human_bytes, human_seconds
@@ -126,20 +131,32 @@ def _config(config: dict[str, Any] | None) -> str:
     return " · ".join(f"{k.replace('_', ' ')} {config[k]}" for k in CONFIG_SUMMARY if config.get(k) not in (None, ""))
 
 
+def unverified_rows(records: list[dict[str, Any]], schema) -> list[dict[str, Any]]:
+    """Records a page lists without judging them (the reading rule): who, status and their values as stored."""
+    return [{"defense": defense_label(r), "attack": attack_label(r), "status": r["status"], "reason": r["reason"],
+             "stored": " · ".join(f"{schema[k].header} {schema[k].format(v)}" if k in schema else f"{k} {v}"
+                                  for k, v in r["metrics"].items() if v is not None)} for r in records]
+
+
 def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], out: Path,
-               stale: dict[str, list[str]] | None = None) -> dict[str, Any]:
+               stale: dict[str, list[str]] | None = None, reproduced: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """One suite's section; `reproduced`: digests of the records `leakbench verify` reproduced (the reading rule)."""
     tables = []
-    for scen in dict.fromkeys(r["scenario"] for r in records):
+    everything, records = records, [r for r in records if verified(r, reproduced)]
+    schema = schema_of(everything)
+    for scen in dict.fromkeys(r["scenario"] for r in everything):
         recs = [r for r in records if r["scenario"] == scen]
         table = scenario_table(recs, info)
-        config = next((r["config"]["scenario"] for r in recs if (r.get("config") or {}).get("scenario")),
-                      info.get("scenarios", {}).get(scen))
+        config = next((r["config"]["scenario"] for r in everything if r["scenario"] == scen and
+                       (r.get("config") or {}).get("scenario")), info.get("scenarios", {}).get(scen))
         recon = reconstructions(recs)
         texts = [r["texts"] for r in recon if r["texts"]]
         tables.append({"scenario": scen, "id": anchor(suite, scen), "config": config, "summary": _config(config),
                        **table, "plots": scenario_plots(table, recs, out, f"{suite}--{scen}"),
                        "reconstructions": recon, "unattacked": clear_not_attacked(recs), "copied": copied(recs),
                        "not_applicable": (info.get("not_applicable") or {}).get(scen, {}),
+                       "unverified": unverified_rows([r for r in everything if r["scenario"] == scen and
+                                                      not verified(r, reproduced)], schema),
                        "text_summary": (f"{sum(t['exact'] for t in texts)}/{sum(t['total'] for t in texts)} "
                                         "sentences exact") if texts else "",
                        "thumbs": sum(1 for r in recon if r["thumbnail"])})
@@ -153,29 +170,34 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
     for row in paper:
         row["href"] = f"#{anchor(suite, row['scenario'])}" if row["scenario"] else ""
     return {"name": suite, "tables": tables, "failures": failures, "description": info.get("description", ""),
-            "notes": notes_html(resolve(info.get("notes", ""), records, suite)), "figures": figures, "paper": paper,
-            "paper_notes": any(p["note"] for p in paper), "provenance": provenance(records),
-            "compute": compute_summary(records), "code": code_state(records, stale),
-            "counts": Counter(r["status"] for r in records)}
+            "notes": notes_html(resolve(info.get("notes", ""), everything, suite,
+                                        lambda r: verified(r, reproduced))),
+            "figures": figures, "paper": paper, "paper_notes": any(p["note"] for p in paper),
+            "provenance": provenance(everything), "compute": compute_summary(everything),
+            "code": code_state(everything, stale), "unverified": len(everything) - len(records),
+            "counts": Counter(r["status"] for r in everything)}
 
 
 def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_dir: str | Path,
-           home: str | None = None, generated: str | None = None, stale: dict[str, list[str]] | None = None) -> Path:
+           home: str | None = None, generated: str | None = None, stale: dict[str, list[str]] | None = None,
+           reproduced: frozenset[str] = frozenset(), verification: dict[str, int] | None = None) -> Path:
     """Write the exports, plots and index.html of these records into out_dir. `home` is the front page's
     address relative to out_dir (a site's pages link back to it); `generated` the date to print; `stale` each
-    cell's components computed by other code than today's (`code_state`)."""
+    cell's components computed by other code than today's (`code_state`); `reproduced` the digests of the records
+    `leakbench verify` reproduced and `verification` its counts ({"reproduced": k, "cells": n, "stale": s}),
+    which the page states."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in (out / "plots").glob("*.png"):  # plots/ belongs to the renderer: no stale plot survives
         old.unlink()
     write_exports(records, infos, out)   # every record, shown or not: re-rendering never drops a result
     records = described(records)
-    suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out, stale)
+    suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out, stale, reproduced)
               for s in dict.fromkeys(r["suite"] for r in records)]
     title = "LeakBench · " + (suites[0]["name"] if len(suites) == 1 else "leaderboard")
     html = env().get_template("index.html.j2").render(
         suites=suites, title=title, schema=list(schema_of(records).values()), home=home, generated=generated,
-        provenance=provenance(records), bands=band_rows(), levels=LEVELS)
+        provenance=provenance(records), bands=band_rows(), levels=LEVELS, verification=verification)
     (out / "index.html").write_text(html)
     return out / "index.html"
 

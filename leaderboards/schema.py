@@ -1,12 +1,15 @@
-"""What a page knows of a metric and an attack: read from the records (each stores its attack's family
-and a snapshot of the schema of every metric it reports), never from today's registry, so re-rendering
-committed results shows what they were computed with even after a rename."""
+"""What a page knows of a metric and an attack. A metric's schema (unit, direction, format, kind) comes from
+today's registry where it defines the metric, else from the records' snapshots (each record stores one of every
+metric it reports) only when they all agree on how a value reads: one record cannot turn a metric's direction
+round for the others (a disagreement is a one-line refusal, ValueError). An attack's family and a defense row's
+role (undefended) are read from the records, each sealed with its digest."""
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from bench.protocol.records import UNDEFENDED
 from leaderboards.formats import number
 
 
@@ -18,7 +21,7 @@ class Shown:
     unit: str
     lower_is_better: bool | None
     kind: str
-    description: str
+    description: str = ""
     fmt: str = "{:.3f}"
     per_target: bool = True
     timing: bool = False
@@ -54,15 +57,39 @@ def described(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
+READS = ("unit", "kind", "lower_is_better", "fmt", "per_target", "per_attack", "timing", "flag_above")   # how a
+# value reads: what records must agree on where the registry does not define the metric (words may differ)
+
+
 def schema_of(records: list[dict[str, Any]]) -> dict[str, Shown]:
-    """Every metric the records report, by name (the registry's order)."""
+    """Every metric the records report, by name: the registry's schema where it defines the metric, else the
+    records' snapshot, which must be the same in every record that has one (ValueError: one line naming two)."""
+    from bench.registry import METRICS
+
     out: dict[str, Shown] = {}
+    first: dict[str, tuple[dict[str, Any], str]] = {}
     for rec in records:
         for name, fields in rec["details"].get("metric_schema", {}).items():
+            if name in METRICS:
+                fields = METRICS.get(name).snapshot()
+            elif name in first:
+                seen, where = first[name]
+                for key in (k for k in READS if seen.get(k) != fields.get(k)):
+                    raise ValueError(f"metric {name!r} reads two ways in these records ({key} {seen.get(key)!r} in "
+                                     f"cell {where}, {fields.get(key)!r} in cell {rec['cell_id']}) and no installed "
+                                     "metric defines it; recompute or drop the records that disagree")
+                continue
+            else:
+                first[name] = fields, rec["cell_id"]
             if name not in out:
-                known = {k: v for k, v in fields.items() if k in Shown.__dataclass_fields__}
-                out[name] = Shown(name=name, **known)
+                out[name] = Shown(name=name, **{k: v for k, v in fields.items() if k in Shown.__dataclass_fields__})
     return dict(sorted(out.items()))
+
+
+def undefended(rec: dict[str, Any]) -> bool | None:
+    """Whether the record's defense row carries the trained update unprotected, as the cell stored it (None: a
+    record from before it was stored, so unknown)."""
+    return rec["details"].get(UNDEFENDED)
 
 
 MALICIOUS = " · malicious server"

@@ -5,16 +5,23 @@ linking to the suite and scenario it comes from (leaderboards/overview.py), then
 Above it, from the standard suite: a one-screen summary (leaderboards/summary.py) of the core grid
 (leaderboards/grid.py), and from the sweep suite the privacy-utility frontier (leaderboards/frontier.py).
 
-    leakbench site leaderboards/results [--date YYYY-MM-DD]
+    leakbench site leaderboards/results [--date YYYY-MM-DD] [--verify N]
 
 A suite's page info comes from its current definition when the caller passes one (the CLI: the
 built-in suite's TOML, so corrected notes reach the page), else from the directory's pages.json.
+
+Every directory is read and checked before anything is written (its records, bench/protocol/records.py; its
+pages.json against its records; the metric schema they share; the references in its notes). The front page
+judges verified records only (the reading rule: sealed, or reproduced by `leakbench verify`, whose outcome the
+caller passes per directory), and its core grid and frontier come from the directories named after their suites
+where one holds that suite: a copy under another name never takes their place.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.protocol.records import verified
 from leaderboards.export import load_pages, load_records
 from leaderboards.frontier import frontier
 from leaderboards.grid import grid
@@ -23,7 +30,7 @@ from leaderboards.ordering import RULE
 from leaderboards.overview import overview
 from leaderboards.render import band_rows, env, provenance, render
 from leaderboards.safe import site_href
-from leaderboards.schema import described
+from leaderboards.schema import described, schema_of
 from leaderboards.summary import summarize
 
 STANDARD = "core"   # the suite whose grid heads the front page: every defense x every applicable attack
@@ -31,6 +38,8 @@ FRONTIER = "frontier"   # the suite whose sweeps draw the front page's privacy-u
 Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info, None when it has none
 # records -> each one's components computed by other code than the running code's (bench/run/version.py's staleness)
 Stale = Callable[[list], "dict[str, list[str]]"]
+Verification = tuple[frozenset[str], dict[str, int]]   # digests of the records verify reproduced, its counts
+Loaded = list[tuple[Path, list[dict[str, Any]]]]
 
 
 def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[str, Any]:
@@ -44,42 +53,71 @@ def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[
 
 
 def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None,
-             records: list[dict[str, Any]] | None = None, stale: Stale | None = None) -> dict[str, Any]:
+             records: list[dict[str, Any]] | None = None, stale: Stale | None = None,
+             verification: Verification | None = None) -> dict[str, Any]:
     """Re-render one output directory from its results.json (or the `records` already read from it); a summary
-    for the front page. `stale` says which components of each record differ from today's code."""
+    for the front page, whose records are the verified ones. `stale` says which components of each record differ
+    from today's code; `verification` what `leakbench verify` reproduced there (the digests of those records)
+    and its counts, stated on the page."""
     directory = Path(directory)
     records = load_records(directory) if records is None else records
+    reproduced, counts = verification or (frozenset(), None)
     suites = list(dict.fromkeys(r["suite"] for r in records))
     infos = {s: page_info(s, directory, current) for s in suites}
     render(records, infos, directory, home="../index.html", generated=generated,
-           stale=None if stale is None else stale(records))
-    counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "blocked", "diverged", "failed")}
+           stale=None if stale is None else stale(records), reproduced=reproduced, verification=counts)
+    statuses = {s: sum(r["status"] == s for r in records) for s in ("ok", "blocked", "diverged", "failed")}
     info = infos[suites[0]] if suites else {}
     return {"name": directory.name, "href": site_href(directory.name), "suites": suites,
-            "description": info.get("description", ""), "cells": len(records), "records": described(records),
+            "description": info.get("description", ""), "cells": len(records),
+            "records": [r for r in described(records) if verified(r, reproduced)],
             "paper": bool(info.get("paper")), "scenarios": len({r["scenario"] for r in records}), "infos": infos,
-            **counts}
+            **statuses}
 
 
-def build_site(root: str | Path, current: Info | None = None, generated: str | None = None,
-               stale: Stale | None = None) -> Path:
-    """Re-render every suite directory under root and write root/index.html, the front page; `current` gives a
-    suite's page info as its definition has it now (the CLI passes the built-in suites'); `generated` is the
-    date the pages print. Every directory's results.json and pages.json are read and checked before any page is
-    written: one bad directory leaves the others as they were."""
+def check_folders(root: str | Path, current: Info | None = None) -> Loaded:
+    """Every suite directory under root with its records, each read and checked (records, pages.json against
+    them, their shared metric schema, every reference in every suite's notes) before anything is written: one
+    bad directory is refused in one line (ValueError) and leaves every directory as it was."""
     root = Path(root)
     dirs = sorted(d for d in root.iterdir() if (d / "results.json").is_file())
     if not dirs:
         raise FileNotFoundError(f"no suite directories with results.json under {root}")
-    loaded = [(d, load_records(d), load_pages(d)) for d in dirs]   # pages.json checked here, read by page_info
-    for d, records, _ in loaded:   # every reference in every suite's notes resolves, before any page is written
+    loaded = []
+    for d in dirs:
+        records = load_records(d)
+        load_pages(d, records)   # checked here against the records, read again by page_info
+        try:
+            schema_of(records)
+        except ValueError as err:
+            raise ValueError(f"{d / 'results.json'}: {err}") from None
         for suite in dict.fromkeys(r["suite"] for r in records):
             resolve(page_info(suite, d, current).get("notes", ""), [r for r in records if r["suite"] == suite], suite)
-    entries = [rerender(d, current, generated, records, stale) for d, records, _ in loaded]
+        loaded.append((d, records))
+    return loaded
+
+
+def _named(entries: list[dict[str, Any]], suite: str) -> dict[str, Any] | None:
+    """The directory holding `suite` alone, the one named after it first (a copy elsewhere never takes its place)."""
+    return min((e for e in entries if e["suites"] == [suite]), key=lambda e: (e["name"] != suite, e["name"]),
+               default=None)
+
+
+def build_site(root: str | Path, current: Info | None = None, generated: str | None = None,
+               stale: Stale | None = None, loaded: Loaded | None = None,
+               verifications: dict[Path, Verification] | None = None) -> Path:
+    """Re-render every suite directory under root and write root/index.html, the front page; `current` gives a
+    suite's page info as its definition has it now (the CLI passes the built-in suites'); `generated` is the
+    date the pages print; `loaded` what check_folders read (read here when not given); `verifications` what
+    `leakbench verify` reproduced per directory."""
+    root = Path(root)
+    loaded = check_folders(root, current) if loaded is None else loaded
+    verifications = verifications or {}
+    entries = [rerender(d, current, generated, records, stale, verifications.get(d)) for d, records in loaded]
     board = overview(entries)
-    standard = next((e for e in entries if e["suites"] == [STANDARD]), None)
+    standard = _named(entries, STANDARD)
     core = grid(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None
-    sweep = next((e for e in entries if e["suites"] == [FRONTIER]), None)
+    sweep = _named(entries, FRONTIER)
     html = env().get_template("site.html.j2").render(
         entries=entries, board=board, core=core, summary=summarize(core) if core else None, rule=RULE,
         frontier=frontier(sweep["name"], sweep["records"], sweep["infos"][FRONTIER]) if sweep else None,

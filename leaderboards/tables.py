@@ -95,11 +95,12 @@ def _attack_level(m) -> bool:
 
 
 def scenario_table(records: list[dict[str, Any]], info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`info`: the suite's page info (which rows are undefended or untrained, chance accuracy), from which the
-    attacks' calibration (leaderboards/calibration.py) and the rows' utility (leaderboards/usefulness.py) follow."""
+    """`info`: the suite's page info (which rows are untrained, chance accuracy), from which, with the records'
+    own account of which row is undefended, the attacks' calibration (leaderboards/calibration.py) and the rows'
+    utility (leaderboards/usefulness.py) follow."""
     info = info or {}
     schema = schema_of(records)
-    cal = calibrate(records, info, attack_label)
+    cal = calibrate(records, attack_label)
     flat = useless(records, info, records[0]["scenario"], defense_label) if records else {}
     attacks = list(dict.fromkeys(attack_label(r) for r in records))
     first = {a: next(r for r in records if attack_label(r) == a) for a in attacks}

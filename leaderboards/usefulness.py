@@ -7,8 +7,9 @@ never ranks above a useful one and is never called the best of anything. Chance 
 come from the record (`chance_accuracy`, `test_samples`) or, for records computed before they were stored, from
 the page info (`chance`); without the test-set size the accuracy is compared with chance + 0.05.
 
-A scenario whose undefended row itself has no utility (one FedSGD step on a text model, scored on a few test
-sentences) does not measure utility: nothing there is flagged, since it would flag every row alike.
+A scenario whose undefended row (as its records say, leaderboards/calibration.py) itself has no utility (one
+FedSGD step on a text model, scored on a few test sentences) does not measure utility: nothing there is flagged,
+since it would flag every row alike.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import math
 from typing import Any, Callable
 
 from leaderboards.formats import is_number
+from leaderboards.schema import undefended
 
 Z95 = 1.96
 MARGIN = 0.05   # without a test-set size: an accuracy within this of chance reads as chance
@@ -61,8 +63,7 @@ def measures_utility(records: list[dict[str, Any]], info: dict[str, Any], scenar
                      label: Callable[[dict[str, Any]], str]) -> bool:
     """False when the scenario's undefended row itself has no utility: then it tells no row's utility apart."""
     chance, untrained = _yardsticks(records, info, scenario)
-    undefended = set(info.get("undefended") or ())
-    plain = [r for r in records if label(r) in undefended and r["status"] != "diverged"]
+    plain = [r for r in records if undefended(r) and r["status"] != "diverged"]
     return not (plain and all(no_utility(r, chance, untrained) for r in plain))
 
 

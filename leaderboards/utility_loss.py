@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from leaderboards.formats import is_number
-from leaderboards.schema import defense_label
+from leaderboards.schema import defense_label, undefended
 from leaderboards.usefulness import wilson
 
 RESAMPLES = 2000
@@ -48,11 +48,10 @@ def run_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((r for r in ran if r["details"].get("per_example")), ran[0] if ran else None)
 
 
-def undefended_run(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any] | None:
-    """The undefended row's run in one scenario's records (the first undefended label the page info names that
-    ran there), or None."""
-    undefended = set(info.get("undefended") or ())
-    labels = [defense_label(r) for r in records if defense_label(r) in undefended and r["metrics"]]
+def undefended_run(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The undefended row's run in one scenario's records (the first row whose records say it is undefended,
+    leaderboards/calibration.py, that ran there), or None."""
+    labels = [defense_label(r) for r in records if undefended(r) and r["metrics"]]
     return run_of([r for r in records if labels and defense_label(r) == labels[0]])
 
 

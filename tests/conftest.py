@@ -1,7 +1,10 @@
 """Shared helpers: tiny inline suites that run in seconds on the embedded digits data."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -49,13 +52,15 @@ def tiny_suite(defenses, attacks, name: str = "tiny", **scenario):
 
 
 def consistent(rec: dict) -> dict:
-    """A hand-built record as a read-back check wants it (bench/protocol/records.py): a config naming its scenario,
-    defense and attack with their params, and the cell id hashed from that config."""
-    from bench.protocol.records import config_id
+    """A hand-built record as a read-back check and the reading rule want it (bench/protocol/records.py): a config
+    naming its scenario, defense and attack with their params, the cell id hashed from that config, and sealed
+    with its digest (edit it after this and it is unverified until sealed again)."""
+    from bench.protocol.records import config_id, seal
     rec["config"] = {"scenario": {"name": rec["scenario"]},
                      **{kind: {"name": rec[kind], "params": rec.get(f"{kind}_params", {})} for kind in ("defense", "attack")}}
     rec["cell_id"] = config_id(rec["config"])
-    return rec
+    rec.setdefault("environment", {})
+    return seal(rec)
 
 
 @pytest.fixture
@@ -121,3 +126,68 @@ def run_every_cell(suite, tmp_path, data_root) -> list[dict]:
     store.close()
     assert len(records) == len(suite.cells)
     return records
+
+
+# a tiny core suite: plaintext, central DP-FedAvg and FedHE-Full against iDLG-extended (recovers the labels) and
+# one-step iDLG (recovers no image even without a defense, so it gives no verdict); seconds on the digits data
+TINY_CORE = """
+name = "core"
+description = "a tiny core"
+
+[[scenarios]]
+name = "digits-tiny"
+dataset = "digits"
+model = "lenet5-sigmoid"
+num_clients = 2
+clients_per_round = 2
+rounds = 1
+max_train = 200
+max_test = 100
+seed = 0
+
+[[defenses]]
+name = "plaintext"
+[[defenses]]
+name = "dp-fedavg"
+params = { noise_multiplier = 0.5 }
+[[defenses]]
+name = "fedhe-full"
+
+[[attacks]]
+name = "idlg-extended"
+[[attacks]]
+name = "idlg"
+params = { steps = 1 }
+"""
+DP = "digits-tiny/dp-fedavg(noise_multiplier=0.5)"   # the central DP row of TINY_CORE, as --only and pages label it
+
+
+@pytest.fixture(scope="session")
+def tiny_core(tmp_path_factory):
+    """TINY_CORE computed once per session: a folder holding core.toml and core/ (results.json, pages.json)."""
+    from bench.cli import main
+    root = tmp_path_factory.mktemp("tiny")
+    (root / "core.toml").write_text(TINY_CORE)
+    assert main(["run", str(root / "core.toml"), "--out", str(root / "core")]) == 0
+    return root
+
+
+def copy_export(tiny_core: Path, to: Path, edit=None, suite: str | None = None, pages: bool = True) -> Path:
+    """A copy of the tiny_core folder's export under `to`: `edit` changes its records, `suite` renames their suite,
+    `pages` False leaves pages.json out."""
+    to.mkdir(parents=True, exist_ok=True)
+    records = json.loads((tiny_core / "core" / "results.json").read_text())
+    if edit:
+        edit(records)
+    for rec in records:
+        rec["suite"] = suite or rec["suite"]
+    (to / "results.json").write_text(json.dumps(records))
+    if pages:
+        shutil.copy(tiny_core / "core" / "pages.json", to / "pages.json")
+    return to
+
+
+def find_record(records: list[dict], label: str) -> dict:
+    """The record of scenario/defense/attack as a page labels them, parameters included."""
+    from leaderboards.schema import attack_label, defense_label
+    return next(r for r in records if f"{r['scenario']}/{defense_label(r)}/{attack_label(r)}" == label)

@@ -163,7 +163,7 @@ def _record(suite, scenario, defense, attack, status, metrics, reason="", detail
         "attack_params": {}, "status": status, "reason": reason, "metrics": metrics,
         "environment": {"leakbench": "0.1.0", "fingerprint": "0123456789abcdef"},
         "details": {"key_topology": "shared-client-key" if defense != "plaintext" else "none",
-                    "family": ATTACKS.get(attack).family,
+                    "family": ATTACKS.get(attack).family, "undefended": defense == "plaintext",
                     "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics},
                     "sources": {"defense": {"about": f"{defense}, a test row", "paper": "https://example.org/p"},
                                 "attack": {"about": attack, "code": "https://example.org/c"}},
@@ -342,7 +342,7 @@ def core_site(root: Path) -> Path:
                             details={"per_target": {"psnr": [psnr["psnr"]] * 2}}))
         recs.append(_record("core", "images", defense, "ilrg", "ok", {**run, "label_acc": 0.1}))
     from leaderboards.render import render
-    render(recs, {"core": {"description": "the standard evaluation", "undefended": ["plaintext"], "untrained": [],
+    render(recs, {"core": {"description": "the standard evaluation", "untrained": [],
                            "chance": {"images": 0.1},
                            "not_applicable": {"images": {"she-lora": "model 'mlp' trains no LoRA adapters"}}}},
            root / "core")

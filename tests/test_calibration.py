@@ -17,7 +17,7 @@ INFO = {"undefended": ["plain"], "untrained": ["base"], "chance": {"s": 0.1}}
 def test_an_attack_that_fails_on_the_undefended_row_gives_no_verdict():
     records = [rec("plain", "idlg", psnr=11.0, accuracy=0.9), rec("plain", "ilrg", label_acc=1.0, accuracy=0.9),
                rec("mask", "idlg", psnr=9.8, accuracy=0.85), rec("mask", "ilrg", label_acc=0.0, accuracy=0.85)]
-    cal = calibrate(records, INFO, attack_label)
+    cal = calibrate(records, attack_label)
     assert not cal["idlg"].ok and "fails without a defense here (plain psnr 11)" in cal["idlg"].why
     assert cal["ilrg"].ok
     table = scenario_table(records, INFO)
@@ -28,14 +28,15 @@ def test_an_attack_that_fails_on_the_undefended_row_gives_no_verdict():
     assert row["verdict"].text == "labels not recovered"             # judged by the calibrated attack alone
     idlg = next(g for g in table["groups"] if g.name == "idlg")
     assert idlg.nocal.startswith("no verdict: the attack fails")
-    # the same records without page info (an export from before the rule) judge as before
-    assert next(r for r in scenario_table(records)["rows"] if r["defense"] == "mask")["verdict"].level == "resisted"
+    # the same records without page info judge the same: the records say which row is undefended
+    assert next(r for r in scenario_table(records)["rows"] if r["defense"] == "mask")["verdict"].text == \
+        "labels not recovered"
 
 
 def test_an_image_attack_is_calibrated_and_judged_on_its_images_not_its_labels():
     records = [rec("plain", "inverting-gradients", psnr=12.0, label_acc=1.0),
                rec("mask", "inverting-gradients", psnr=11.0, label_acc=1.0)]
-    assert not calibrate(records, INFO, attack_label)["inverting-gradients"].ok   # labels alone do not calibrate it
+    assert not calibrate(records, attack_label)["inverting-gradients"].ok   # labels alone do not calibrate it
     records[0]["metrics"]["psnr"] = 35.0
     cell = grid("core", records, INFO)["rows"]
     mask = next(r for r in cell if r["name"] == "mask")["cells"][0]
@@ -44,20 +45,21 @@ def test_an_image_attack_is_calibrated_and_judged_on_its_images_not_its_labels()
 
 def test_without_an_undefended_row_nothing_is_calibrated():
     records = [rec("mask", "idlg", psnr=35.0, accuracy=0.85)]
-    assert not calibrate(records, INFO, attack_label)["idlg"].ok
+    assert not calibrate(records, attack_label)["idlg"].ok
     assert scenario_table(records, INFO)["rows"][0]["verdict"].text == "no verdict"
 
 
 def test_a_parameterized_row_is_undefended_only_at_its_unprotected_setting():
-    """Flex-LoRA without noise is the LoRA scenarios' undefended row (page info by label); with noise it is judged."""
+    """Flex-LoRA without noise is the LoRA scenarios' undefended row (as its record stores it); with noise it is
+    judged."""
     from bench.registry import DEFENSES
     assert DEFENSES.get("flex-lora")(sigma=0.0).undefended() and not DEFENSES.get("flex-lora")(sigma=0.001).undefended()
     assert DEFENSES.get("plaintext")().undefended() and not DEFENSES.get("fedhe-full")().undefended()
     plain, noisy = rec("flex-lora", "dager", rouge1=1.0), rec("flex-lora", "dager", rouge1=0.0)
     plain["defense_params"], noisy["defense_params"] = {"sigma": 0.0}, {"sigma": 0.001}
-    info = {"undefended": ["flex-lora(sigma=0.0)"], "untrained": []}
-    assert calibrate([plain, noisy], info, attack_label)["dager"].ok
-    assert not calibrate([noisy], info, attack_label)["dager"].ok
+    plain["details"]["undefended"] = True
+    assert calibrate([plain, noisy], attack_label)["dager"].ok
+    assert not calibrate([noisy], attack_label)["dager"].ok
 
 
 def test_a_chance_level_defense_ranks_below_a_useful_one_and_is_flagged():
@@ -104,7 +106,6 @@ def test_a_defense_that_cannot_apply_is_na_with_its_declared_reason(tmp_path):
     assert [c.defense.name for c in checked.cells] == ["plaintext"]
     na = checked.page_info()["not_applicable"]
     assert "she-lora" in na["d"] and "no LoRA adapters" in na["d"]["she-lora"]
-    assert checked.page_info()["undefended"] == ["plaintext"]
 
 
 def test_the_core_grid_counts_coverage_and_shows_every_symbol():

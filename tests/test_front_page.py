@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_leaderboard import rec
 
-from bench.protocol.records import config_id
+from bench.protocol.records import config_id, seal
 from leaderboards.frontier import frontier, pareto_front, ticks
 from leaderboards.grid import grid
 from leaderboards.ordering import dominates, order
@@ -24,10 +24,10 @@ FAMILIES = ("image", "text", "label", "membership")
 
 
 def at(r, **scenario):
-    """The record attacked as the scenario config says (attack_round, rounds), its cell id rehashed."""
+    """The record attacked as the scenario config says (attack_round, rounds), its cell id rehashed, resealed."""
     r["config"]["scenario"].update(scenario)
     r["cell_id"] = config_id(r["config"])
-    return r
+    return seal(r)
 
 
 def _row(name, leaks, share, loss, no_utility=False, judged=4):

@@ -14,7 +14,11 @@ from leaderboards.render import render
 from leaderboards.tables import scenario_table
 from leaderboards.texts import recovered_texts
 from leaderboards.verdicts import band
+from bench.protocol.records import seal
 from tests.conftest import consistent
+
+
+UNDEFENDED = ("plain", "plaintext")   # the rows these tests mean as undefended (what a record of them stores)
 
 
 def rec(defense, attack, status="ok", reason="", scenario="s", suite="t", **metrics):
@@ -24,6 +28,7 @@ def rec(defense, attack, status="ok", reason="", scenario="s", suite="t", **metr
                        "defense_params": {}, "attack": attack, "attack_params": {}, "status": status, "reason": reason,
                        "metrics": metrics, "details": {"per_target": per_target, "family": ATTACKS.get(attack).family
                                                        if attack in ATTACKS else "",
+                                                       "undefended": defense in UNDEFENDED,
                                                        "metric_schema": {m: METRICS.get(m).snapshot() for m in metrics}}})
 
 
@@ -104,7 +109,7 @@ def test_exports_load_frame_and_compare(tmp_path, capsys):
     render(base, {}, tmp_path / "a")
     changed = json.loads(json.dumps(base))
     changed[0]["metrics"]["psnr"] = 31.5
-    render(changed, {}, tmp_path / "b")
+    render([seal(changed[0]), changed[1]], {}, tmp_path / "b")
     frame = load_frame(tmp_path / "a")
     assert list(frame["defense.ratio"].dropna()) == [0.1] and list(frame["psnr"]) == [30.0, 5.0]
     assert compare(tmp_path / "a", tmp_path / "b") == [
@@ -131,7 +136,7 @@ def test_a_swapped_exact_batch_renders_every_row_exact(tmp_path):
     refs = ["it 's a scattershot affair .", "thanks to haynes ' absolute control ."]
     r = rec("plain", "dager", rouge1=1.0, exact_match=1.0)
     r["details"]["texts"] = [{"recovered": refs[::-1], "matched": refs, "reference": refs}]
-    page = render([r], {}, tmp_path).read_text()
+    page = render([seal(r)], {}, tmp_path).read_text()
     assert page.count('<tr class="exact">') == 2 and 'class="partial"' not in page and "2/2 exact" in page
     assert "<details class=\"recon\"><summary>" in page     # collapsed by default, with its one-line summary
 
@@ -192,13 +197,14 @@ def test_front_page_has_a_column_per_family_and_links_each_worst_case():
 def test_a_defenses_settings_against_each_other_are_no_utility_cost():
     """A scenario that sweeps one defense's settings (a budget at a learning rate that wrecks the model) says
     nothing about that defense's utility cost; beside another defense it does."""
-    sweep = [rec("sel", "kde", perplexity=4.5e4, suite="s", scenario="a"),
-             rec("sel", "kde", perplexity=3.6e20, suite="s", scenario="a")]
-    for budget, r in zip((0.1, 0.2), sweep):
+    sweep = [rec("sel", "ilrg", lnacc=1.0, perplexity=4.5e4, suite="s", scenario="a"),
+             rec("sel", "ilrg", lnacc=0.5, perplexity=3.6e20, suite="s", scenario="a")]
+    for budget, r in zip((0.0, 0.2), sweep):   # budget 0 leaves the update unprotected: the undefended row
         r["defense_params"], r["cell_id"] = {"budget": budget}, f"sel-{budget}"
+        r["details"]["undefended"] = budget == 0.0
     board = overview([{"name": "s", "records": sweep}])
     assert board["rows"][0]["utility"] is None
-    beside = sweep + [rec("plain", "kde", perplexity=300.0, suite="s", scenario="a")]
+    beside = sweep + [rec("plain", "ilrg", lnacc=1.0, perplexity=300.0, suite="s", scenario="a")]
     rows = {r["name"]: r for r in overview([{"name": "s", "records": beside}])["rows"]}
     assert rows["sel"]["utility"]["value"] == 3.6e20
 

@@ -29,8 +29,8 @@ def test_a_reference_reads_the_value_as_the_table_writes_it():
     with pytest.raises(NoteError, match="names 2 cells"):
         resolve(text, RECORDS, "s")
     text = text.replace("; {= b/*/idlg status =} is ambiguous", "")
-    assert resolve(text, RECORDS, "s") == ("iLRG reads 1.000 on plaintext and 38.7 [37.2, 40.0]; MaskCrypt "
-                                           "0.062; DP-FedAvg diverged at round 3")
+    assert resolve(text, RECORDS, "s") == ("iLRG reads 1.000 on plaintext and 38.71 [37.20, 40.00]; MaskCrypt "
+                                           "0.062; DP-FedAvg diverged at round 3")   # psnr's format: the registry's
 
 
 @pytest.mark.parametrize("ref, fault", [
@@ -52,3 +52,9 @@ def test_a_reference_is_not_a_way_into_the_page():
     rec = _rec("a", "plaintext", "ilrg", {"label_acc": "<script>alert(1)</script>"})
     html = str(notes_html(resolve("x {= a/plaintext/ilrg label_acc =}", [rec], "s")))
     assert "<script>" not in html
+
+
+def test_a_value_of_an_unverified_record_says_so():
+    """The reading rule (bench/protocol/records.py): a page marks what it quotes from a record it cannot trust."""
+    text = "{= a/plaintext/ilrg label_acc =} and {= b/plaintext/idlg psnr =}"
+    assert resolve(text, RECORDS, "s", trusted=lambda r: r["scenario"] == "b") == "1.000 (unverified) and 38.71"

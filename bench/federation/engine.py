@@ -218,7 +218,8 @@ def _exchanges(fed: Federation, pristine: Defense, modifiers: dict[str, Attack],
     out = {}
     for label, attack in modifiers.items():
         try:
-            out[label] = modified_targets(fed, pristine, attack, knowledge, trained[client.name], weight, local_update)
+            out[label] = modified_targets(fed, pristine, attack, knowledge, trained[client.name], weight, local_update,
+                                          sampled)
         except Exception as err:   # recorded as that cell's failure with its one-line reason
             out[label] = err
     return out

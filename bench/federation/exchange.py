@@ -9,11 +9,13 @@ client's, so a real server could not add it to the sum and would drop it.
 
 The defense meets the modified model as it would had the server chosen it: a fresh copy of the defense, taken
 before the run's setup, runs its protocol on it (setup: keys and one-off negotiation such as FedML-HE's mask;
-round_start: the client's own selection, e.g. MaskCrypt's proposal or SelectiveShield's Fisher mask, on the model
-it received; encode) at copies of every party (same data and device profiles, fresh keys and state). Only the
-attacked client trains and uploads; the other parties' copies take part in that setup only, and the exchange's
-scenario says so (clients_per_round = 1): a defense sizes the round's consensus, weights and noise for the one
-client in it (SelectiveShield's consensus is that client's own mask, DP-FedAvg's local noise the whole round's).
+round_start: the clients' own selection, e.g. MaskCrypt's proposal or SelectiveShield's Fisher mask, on the model
+they received; encode) at copies of every party (same data and device profiles, fresh keys and state). The round
+is the honest round's: the same scenario and the same cohort, each of its clients training on the model the
+server sent (a negotiation needs one layout) as the engine trains them, so the defense sizes its consensus,
+clipping and noise for the real round (DP-FedAvg's local noise z*C/sqrt(m) for the round's m clients, SecAgg's
+masks over its participants) and its accounting stands at the attacked round (the copy's round_start is that
+round's, bench/federation/accounting.py). Only the attacked client's uploads are kept; no one's is aggregated.
 
 The server sends what it knows: the model handed to `modify_model` holds NaN where the server does not know the
 global weights (clients decrypt them); the client fills those entries in, matched by tensor identity. What it
@@ -80,10 +82,11 @@ def _parties(fed: Federation) -> tuple[list[Client], dict[str, Party]]:
 
 
 def modified_targets(fed: Federation, pristine: Defense, attack: Attack, knowledge: Knowledge,
-                     batches: list[tuple], weight: float, train: Callable) -> Targets:
+                     batches: list[tuple], weight: float, train: Callable, cohort: list[Client]) -> Targets:
     """The attacked client's uploads of `batches` ((x, y, ...) as the honest round drew them) when the server
-    sent it `attack.modify_model(...)`, each with the view, ground truth and knowledge of the modified model."""
-    sc = replace(fed.scenario, clients_per_round=1)
+    sent `attack.modify_model(...)` to the round's `cohort` (the honest round's sampled clients), each with the
+    view, ground truth and knowledge of the modified model."""
+    sc = fed.scenario
     model, known = model_as_sent(fed, attack, knowledge)
     template = copy.deepcopy(model)
     names = update_names(model)
@@ -97,10 +100,15 @@ def modified_targets(fed: Federation, pristine: Defense, attack: Attack, knowled
     defense.setup(mfed)
     mfed.round = fed.round
     client = mfed.clients[sc.attack_client]
-    gen = torch.Generator().manual_seed(sc.seed * 100_003 + fed.round * 1_009 + client.index)
-    updates = [train(mfed, client, x, y, sc.attack_update, gen) if defense.trains else
-               {n: torch.zeros(s) for n, s in shapes.items()} for x, y, *_ in batches]
-    defense.round_start(mfed, fed.round, [client], {client.name: updates[0]})
+    sampled = [mfed.clients[c.index] for c in cohort]
+
+    def trained(who: Client, x, y, mode: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
+        return train(mfed, who, x, y, mode, gen) if defense.trains else {n: torch.zeros(s) for n, s in shapes.items()}
+
+    gens = {c.index: torch.Generator().manual_seed(sc.seed * 100_003 + fed.round * 1_009 + c.index) for c in sampled}
+    updates = [trained(client, x, y, sc.attack_update, gens[client.index]) for x, y, *_ in batches]
+    others = {c.name: trained(c, c.x, c.y, "delta", gens[c.index]) for c in sampled if c is not client}
+    defense.round_start(mfed, fed.round, sampled, {**others, client.name: updates[0]})
     told = server_knowledge(sc, fed.data, model, known, mfed.new_model, defense.uploads_weights)
     targets = Targets()
     for (x, y, *_), update in zip(batches, updates):

@@ -17,12 +17,16 @@ is refused in one line naming the file and the cell. The checks, and what each c
   (`NOTES`); a metric, detail, reason, status, config or fingerprint changed after the record was written
   breaks it.
 
+The reading rule (`verified`): a record read back counts as a result only when it is sealed (its digest is
+present and matches) or `leakbench verify` reproduced it (bench/run/verify.py). Any other record is
+"unverified": it loads (nothing is lost), but a page shows it greyed and judges nothing with it (no verdict,
+rank, calibration or front-page cell, leaderboards/render.py), a run never copies or keeps it as done
+(bench/run/runner.py: it is stale, and one that claims the running code's fingerprint is refused, since this
+code always seals), `compare` marks it, and the schema upgrade never seals it (bench/run/upgrade.py). So a
+record whose digest was removed reads like the old undigested records, which are unverified too.
+
 What is not caught: the digest is a checksum, not a signature, so whoever edits a record and recomputes the
-digest with this code gets through; records written before digests (the committed leaderboards' first
-exports) carry none and are accepted as they are, so a metric edited there with id and config intact passes.
-Removing the digest is caught where it matters: the runner refuses an undigested record that claims the
-running code's fingerprint (bench/run/runner.py), since this code always writes one; an old fingerprint makes
-the record stale, so a run recomputes it rather than copying it.
+digest with this code gets through; only recomputing the cell (`leakbench verify`) catches that.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ STATUSES = ("ok", "blocked", "diverged", "failed")
 VOLATILE_ENV = ("run_id",)   # which federated run computed a cell: stored, kept out of exports and the digest
 NOTES = ("copied_from",)     # details added after a record was computed (where --reuse copied it from)
 DIGEST = "digest"            # environment key of the record's content hash
+UNDEFENDED = "undefended"    # details key: the cell's defense row carries the trained update unprotected (a bool)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")   # suite and scenario names become file names
 _TEXT = ("cell_id", "suite", "scenario", "defense", "attack", "status", "reason")
 _DICTS = ("defense_params", "attack_params", "metrics", "details", "config", "environment")
@@ -63,6 +68,18 @@ def digest(rec: dict[str, Any]) -> str:
                                        "status", "reason", "metrics", "config")}
     stored = json.loads(_canonical(content | {"details": details, "environment": env}))
     return hashlib.sha256(_canonical(stored).encode()).hexdigest()[:16]
+
+
+def sealed(rec: dict[str, Any]) -> bool:
+    """Whether the record carries a digest that matches its content."""
+    env = rec.get("environment")
+    return isinstance(env, dict) and env.get(DIGEST) == digest(rec)
+
+
+def verified(rec: dict[str, Any], reproduced: frozenset[str] | set[str] = frozenset()) -> bool:
+    """The reading rule (module docstring): sealed, or reproduced by `leakbench verify` (`reproduced` holds the
+    digests, `digest(rec)`, of the records it reproduced)."""
+    return sealed(rec) or digest(rec) in reproduced
 
 
 def seal(rec: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +121,8 @@ def _fault(rec: dict[str, Any]) -> str | None:
             return f"{key} {rec.get(key)!r} is not a safe name"
     if not all(isinstance(rec.get("details", {}).get(note, ""), str) for note in NOTES):
         return "a note in its details is not text"
+    if not isinstance(rec.get("details", {}).get(UNDEFENDED), (bool, type(None))):
+        return f"its details' {UNDEFENDED!r} is not true, false or null"
     return _identity(rec) or _metrics(rec) or _environment(rec)
 
 

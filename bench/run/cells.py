@@ -2,8 +2,10 @@
 
 Each cell becomes a record (status ok, blocked, diverged or failed, with its one-line reason),
 holding what a page needs without today's registry: the attack's family and threat model, a snapshot of the
-schema of every metric it reports (display name, unit, direction, format), and the defense's and
-attack's one-line descriptions with their paper and code links. Each record is sealed with a digest of
+schema of every metric it reports (display name, unit, direction, format), whether its defense row is
+undefended (`Defense.undefended`: the row an attack must break before it judges the others,
+leaderboards/calibration.py), and the defense's and attack's one-line descriptions with their paper and code
+links. Each record is sealed with a digest of
 its content (bench/protocol/records.py), so a later edit is caught where it is read back. A failing
 cell never stops the others; the exit status reports it.
 """
@@ -21,7 +23,7 @@ import torch
 
 from bench.protocol.attack import Reconstruction
 from bench.protocol import contracts
-from bench.protocol.records import seal
+from bench.protocol.records import UNDEFENDED, seal
 from bench.registry import ATTACKS, DEFENSES, METRICS, discover
 from bench.run.deadline import CellTimeout, exit_reason, within
 from bench.run.leases import new_run_id
@@ -30,12 +32,13 @@ from bench.run.spec import Cell
 
 def environment(cell: Cell) -> dict[str, Any]:
     """Where and with what code the cell was computed: the fingerprint over its components' hashes (bench/run/version.py),
-    the hashes themselves, and `plugins`, the installed plugins that took part."""
+    the hashes themselves, and `plugins`, the installed plugins that took part. `threads` (torch's intra-op threads)
+    is kept since it sets the order of float reductions: `leakbench verify` recomputes with the same count."""
     from bench.run.version import cell_components, cell_fingerprint, cell_plugins, package_version
     plugins = cell_plugins(cell)
     components = cell_components(cell, plugins)
     env = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-           "cpus": os.cpu_count(), "leakbench": package_version(),
+           "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "leakbench": package_version(),
            "fingerprint": cell_fingerprint(cell, components=components), "components": components,
            "device": compute_device()}
     return env | ({"plugins": plugins} if plugins else {})
@@ -219,11 +222,14 @@ def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] 
     data = load_dataset(sc.dataset, resolve_data_root(data_root), max_train=sc.max_train, max_test=sc.max_test,
                         seed=sc.seed, seq_len=sc.seq_len)
     defense = DEFENSES.get(cell.defense.name)(**cell.defense.params)
+    undefended = bool(defense.undefended())   # of the row as configured, before the run changes its state
     apply_budget(defense, sc, data_root)
     wanted = any(getattr(ATTACKS.get(c.attack.name), "needs_membership", False) for c in (group or [cell]))
     modifiers = {c.attack.label: ATTACKS.get(c.attack.name)(**c.attack.params) for c in (group or [cell])
                  if ATTACKS.get(c.attack.name).threat_model != "passive"}
-    return run_federation(sc, data, defense, progress=on_round, needs_membership=wanted, modifiers=modifiers)
+    run = run_federation(sc, data, defense, progress=on_round, needs_membership=wanted, modifiers=modifiers)
+    run.details[UNDEFENDED] = undefended
+    return run
 
 
 def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
@@ -231,17 +237,22 @@ def failed(cell: Cell, err: BaseException, run=None) -> dict[str, Any]:
     if os.environ.get("LEAKBENCH_TRACEBACK"):
         traceback.print_exception(err)
     reason = exit_reason(err) if isinstance(err, SystemExit) else one_line(err)
-    return _record(cell, "failed", reason, _run_metrics(dict(run.metrics)) if run else {})
+    if run is None:
+        return _record(cell, "failed", reason, {})
+    return _record(cell, "failed", reason, _run_metrics(dict(run.metrics)), {UNDEFENDED: run.details.get(UNDEFENDED)})
 
 
 def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = None,
-              on_round: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
-    """Federate once for the group's scenario and defense, then score each attack cell.
+              on_round: Callable[[str], None] | None = None,
+              scored: list[Cell] | None = None) -> Iterator[dict[str, Any]]:
+    """Federate once for the group's scenario and defense, then score each attack cell (or only `scored`, cells
+    of the group: the run is still the whole group's, whose attacks decide what it draws, e.g. membership
+    candidates or a malicious server's exchange; `leakbench verify` recomputes a sample so).
 
     Every record carries the federated run's id in its environment (stored, kept out of the rendered
     results so they stay deterministic), so a group's rows can be seen to share one run."""
     run_id = run_id or new_run_id()
-    for record in _group_records(cells, data_root, on_round):
+    for record in _group_records(cells, data_root, on_round, cells if scored is None else scored):
         record["environment"] = {**record["environment"], "run_id": run_id}
         yield record
 
@@ -251,8 +262,8 @@ def run_group(cells: list[Cell], data_root: str | None, run_id: str | None = Non
 CELL_FAULTS = (Exception, CellTimeout, SystemExit)
 
 
-def _group_records(cells: list[Cell], data_root: str | None,
-                   on_round: Callable[[str], None] | None) -> Iterator[dict[str, Any]]:
+def _group_records(cells: list[Cell], data_root: str | None, on_round: Callable[[str], None] | None,
+                   scored: list[Cell]) -> Iterator[dict[str, Any]]:
     limit = cells[0].timeout_s   # one scenario, one limit: each step (the run, each attack) gets it whole
     if limit:
         discover()   # outside the limit: loading every component is the process's cost, not the cell's
@@ -260,10 +271,10 @@ def _group_records(cells: list[Cell], data_root: str | None,
         with within(limit, "the federated run"):
             run = federate(cells[0], data_root, on_round, group=cells)
     except CELL_FAULTS as err:  # recorded per cell and reported by the exit status, never hidden
-        for cell in cells:
+        for cell in scored:
             yield failed(cell, err)
         return
-    for cell in cells:
+    for cell in scored:
         try:
             with within(limit, f"the attack {cell.attack.label}"):
                 record = score_cell(cell, run)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.protocol.records import DIGEST, RecordError, check_record
+from bench.protocol.records import DIGEST, RecordError, check_record, sealed
 from bench.run.cells import failed
 from bench.run.executors import Job, check_options, make_executor
 from bench.run.leases import Claims, group_id, new_run_id
@@ -181,15 +181,15 @@ def refuse_undigested(where: str, records: list[dict[str, Any]], current: set[st
 
 def reusable(store: Store, cells: list[Cell], fingerprints: dict[str, str],
              sources: list[tuple[str, str, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
-    """The finished records of other output directories ((directory, file, records): `exported`) for cells this
-    store lacks, computed by the same code (cell id and fingerprint match), by cell id, each noting the directory
-    it came from."""
+    """The finished, sealed records of other output directories ((directory, file, records): `exported`) for cells
+    this store lacks, computed by the same code (cell id and fingerprint match), by cell id, each noting the
+    directory it came from. An unverified record (bench/protocol/records.py) is never copied."""
     wanted = {c.cell_id for c in cells if not store.finished(c.cell_id, fingerprints[c.cell_id])}
     found: dict[str, dict[str, Any]] = {}
     for directory, _, records in sources:
         for rec in records:
             cid = rec["cell_id"]
-            if cid in wanted and cid not in found and rec["status"] in FINISHED and \
+            if cid in wanted and cid not in found and rec["status"] in FINISHED and sealed(rec) and \
                     (rec.get("environment") or {}).get("fingerprint") == fingerprints[cid]:
                 found[cid] = {**rec, "details": {**rec.get("details", {}), "copied_from": directory}}
     return found
@@ -241,7 +241,8 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     current = set(fingerprints.values())
     export = None   # a new store beside an export is seeded from it; exports are read (and checked) first
     if not (out / "leakbench.sqlite").exists() and (out / "results.json").is_file():
-        export = load_records(out), load_pages(out)
+        kept = load_records(out)
+        export = kept, load_pages(out, kept)
         refuse_undigested(str(out / "results.json"), export[0], current)
     sources = [(str(Path(r)), *exported(Path(r))) for r in reuse]   # checked even when --force copies nothing
     for _, where, records in sources:

@@ -85,18 +85,16 @@ class Suite:
 
     def page_info(self) -> dict[str, Any]:
         """What a page needs beside the records: the notes, and the facts verdicts are judged against (which rows
-        are undefended or untrained, the n/a grid points, chance accuracy)."""
+        are untrained, the n/a grid points, chance accuracy; which row is undefended each record says itself)."""
         from bench.registry import DEFENSES
 
         names = sorted({c.defense.name for c in self.cells} | {d for _, d, _ in self.not_applicable})
         role = {n: (DEFENSES.get(n).reference_row, DEFENSES.get(n).trains) for n in names if n in DEFENSES}
-        specs = {c.defense.label: c.defense for c in self.cells if c.defense.name in DEFENSES}
-        undefended = sorted(label for label, d in specs.items() if DEFENSES.get(d.name)(**d.params).undefended())
         na: dict[str, dict[str, str]] = {}
         for scenario, defense, reason in self.not_applicable:
             na.setdefault(scenario, {})[defense] = reason
         return {"description": self.description, "notes": self.notes, "figures": list(self.figures),
-                "paper": list(self.paper), "undefended": undefended,
+                "paper": list(self.paper),
                 "untrained": [n for n, (ref, trains) in role.items() if ref and not trains],
                 "not_applicable": na, "chance": dict(self.chance),
                 **({"extends": self.extends, "added": list(self.added)} if self.extends else {})}

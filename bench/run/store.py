@@ -111,12 +111,14 @@ class Store:
         return self.state(cell_id, fingerprint) == "done"
 
     def state(self, cell_id: str, fingerprint: str | None = None) -> str:
-        """'new' (not stored or failed), 'stale' (stored by code with another fingerprint) or 'done'."""
-        row = self._db.execute("SELECT status, json_extract(environment, '$.fingerprint') FROM cells "
-                               "WHERE cell_id=?", (cell_id,)).fetchone()
+        """'new' (not stored or failed), 'stale' (stored by code with another fingerprint, or unsealed: an
+        unverified record, bench/protocol/records.py, is never done) or 'done'."""
+        row = self._db.execute("SELECT status, json_extract(environment, '$.fingerprint'), "
+                               "json_extract(environment, '$.digest') FROM cells WHERE cell_id=?",
+                               (cell_id,)).fetchone()
         if row is None or row[0] not in FINISHED:
             return "new"
-        return "stale" if fingerprint is not None and row[1] != fingerprint else "done"
+        return "stale" if fingerprint is not None and (row[1] != fingerprint or row[2] is None) else "done"
 
     def put(self, record: dict[str, Any]) -> None:
         """Write one cell in its own transaction."""
