@@ -12,21 +12,34 @@ import torch.nn.functional as F
 from bench.models import torch_device
 
 
+def trimmed(x: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """A batch of token sequences without the trailing columns that are padding in every row. Sequences are
+    padded to the data set's length (64 tokens for SST-2 phrases of 11 on average); a causal model's outputs at
+    the real positions never see later columns and the losses skip padding, so the loss, its gradient and every
+    prediction are those of the padded batch, at the cost of the longest sequence in the batch."""
+    if pad_id is None or x.dim() != 2 or x.is_floating_point() or not len(x):
+        return x
+    used = torch.nonzero((x != pad_id).any(0))
+    return x[:, :int(used[-1]) + 1] if len(used) else x[:, :1]
+
+
 class ClassificationTask:
     name = "classification"
     chunk = None   # one backward pass per gradient: batch-norm models' statistics are the whole set's
 
     def __init__(self, data) -> None:
         self.num_classes = data.num_classes
+        self.pad_id = getattr(data, "pad_id", None)   # text classification: sequences are padded
 
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(model(x), y)
+        return F.cross_entropy(model(trimmed(x, self.pad_id)), y)
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         model.eval()
         dev = torch_device.model_device(model)
-        correct = sum(int((model(xb.to(dev)).argmax(1).cpu() == yb).sum()) for xb, yb in zip(x.split(512), y.split(512)))
+        correct = sum(int((model(trimmed(xb, self.pad_id).to(dev)).argmax(1).cpu() == yb).sum())
+                      for xb, yb in zip(x.split(512), y.split(512)))
         model.train()
         return {"accuracy": correct / max(len(y), 1)}
 
@@ -41,6 +54,7 @@ class CausalLMTask:
         self.pad_id = data.pad_id
 
     def _token_losses(self, model, x):
+        x = trimmed(x, self.pad_id)
         logits = model(x)[:, :-1]
         target = x[:, 1:].clone()
         target[target == self.pad_id] = -100
