@@ -98,7 +98,7 @@ def modified_targets(fed: Federation, pristine: Defense, attack: Attack, knowled
     mfed.round = fed.round
     client = mfed.clients[sc.attack_client]
     gen = torch.Generator().manual_seed(sc.seed * 100_003 + fed.round * 1_009 + client.index)
-    updates = [train(mfed, client, x, y, sc.attack_update, gen) if defense.trains else
+    updates = [train(mfed, client, x, y, sc.attack_update, gen, defense) if defense.trains else
                {n: torch.zeros(s) for n, s in shapes.items()} for x, y, *_ in batches]
     defense.round_start(mfed, fed.round, [client], {client.name: updates[0]})
     told = server_knowledge(sc, fed.data, model, known, mfed.new_model, defense.uploads_weights)

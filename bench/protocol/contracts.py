@@ -30,6 +30,7 @@ class ContractError(TypeError):
 # hook -> (positional arguments its caller passes, keyword arguments); the calls of bench/federation/engine.py,
 # bench/federation/budget.py, bench/run/cells.py and bench/run/preflight.py
 DEFENSE_HOOKS = {"applicable": (("setting",), ()), "adapt_model": (("model",), ()), "setup": (("fed",), ()),
+                 "local_gradient": (("fed", "client", "model", "x", "y"), ()),
                  "round_start": (("fed", "round", "clients", "updates"), ()),
                  "encode": (("fed", "client", "update", "weight"), ()),
                  "aggregate": (("fed", "uploads", "server"), ()), "start_aggregate": (("fed", "server"), ()),
@@ -151,6 +152,14 @@ def returned_update(defense: Any, value: Any, shapes: dict[str, tuple[int, ...]]
 
 def returned_payload(defense: Any, hook: str, value: Any) -> Payload:
     return returned(defense, hook, value, Payload, "a bench.Payload (plaintext entries: bench.dense_payload(update))")
+
+
+def returned_loss(defense: Any, value: Any) -> torch.Tensor:
+    """local_gradient's result: the batch's loss, a one-element tensor."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.detach()
+    raise ContractError(f"{describe(defense)}: local_gradient returned {_typename(value)}, expected the batch's loss "
+                        f"as a one-element torch.Tensor (the default returns fed.backward(model, x, y))")
 
 
 def returned_aggregation(defense: Any, value: Any) -> Aggregation | None:
