@@ -81,6 +81,7 @@ class DPFedAvg(Defense):
     links = {"paper": "https://arxiv.org/abs/1710.06963"}
 
     local_noise: ClassVar[bool] = False
+    differentially_private: ClassVar[bool] = True
 
     def __init__(self, noise_multiplier: float | None = None, target_epsilon: float | None = None,
                  clip: float = 1.0, inner: str = "plaintext", inner_params: dict | None = None) -> None:
@@ -96,11 +97,11 @@ class DPFedAvg(Defense):
         if not clip > 0:
             raise ValueError(f"dp-fedavg: clip must be > 0, got {clip}")
         inner_cls = DEFENSES.get(inner)
-        if isinstance(inner_cls, type) and issubclass(inner_cls, DPFedAvg):
+        if getattr(inner_cls, "differentially_private", False):
             raise ValueError(f"dp-fedavg: inner defense '{inner}' is itself DP; wrap a non-DP defense")
         if not getattr(inner_cls, "decodes_weighted_sum", False):
             fits = [n for n in DEFENSES.names() if getattr(DEFENSES.get(n), "decodes_weighted_sum", False)
-                    and not issubclass(DEFENSES.get(n), DPFedAvg)]
+                    and not getattr(DEFENSES.get(n), "differentially_private", False)]
             raise ValueError(f"dp-fedavg: inner defense '{inner}' does not decode the weighted sum of the clipped "
                              f"updates, so noise calibrated for sum / W would not give the accounted epsilon; "
                              f"wrap one of: {', '.join(fits)}")

@@ -208,13 +208,33 @@ def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], aggrega
     _broadcast(fed, sampled, aggregate, update, decoder)
     learned = _server_learns(aggregate, decoder, fed.shapes)
     current = fed.params()
-    new = {n: current[n] + update[n] for n in fed.names}
+    step = _server_step(fed, update)
+    new = {n: current[n] + step[n] for n in fed.names}
     require_finite(new, fed.round, "the new global model")
     set_entries(fed.model, new)
     for n in fed.names:
         known[n] &= learned[n]
     for client in sampled:
         defense.merge(fed, client, update)
+
+
+def _server_step(fed: Federation, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the decoded update moves the global model by: the update itself (FedAvg, the default), or the server
+    optimizer's step on the trainable parameters (Reddi et al. 2021's FedAvgM; McMahan et al. 2018 use server
+    momentum for DP-FedAvg): m = server_momentum * m + update, step = server_lr * m. Buffers (BatchNorm statistics)
+    take the update as it is: they are averages, not descended."""
+    sc = fed.scenario
+    if sc.server_lr == 1.0 and sc.server_momentum == 0.0:
+        return update
+    trainable = {n for n, p in fed.model.named_parameters() if p.requires_grad}
+    step = dict(update)
+    for n in fed.names:
+        if n in trainable:
+            moment = update[n] if n not in fed.momentum else sc.server_momentum * fed.momentum[n] + update[n]
+            if sc.server_momentum:
+                fed.momentum[n] = moment
+            step[n] = sc.server_lr * moment
+    return step
 
 
 def _exchanges(fed: Federation, pristine: Defense, modifiers: dict[str, Attack], knowledge, trained,
@@ -281,6 +301,8 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         measured["diverged_round"] = diverged.round
     metrics = {k: v for k, v in measured.items() if not isinstance(v, dict)}
     details = {k: v for k, v in measured.items() if isinstance(v, dict)} | {"key_topology": defense.key_topology}
+    if defense.differentially_private:   # the record must then carry its epsilon (bench/protocol/records.py)
+        details["differentially_private"] = True
     if diverged is not None:
         return FederationRun(targets, knowledge, metrics, details, str(diverged), modified)
     chosen = candidates.select(fed, known, last, initial, needs_membership,

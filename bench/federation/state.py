@@ -122,6 +122,7 @@ class Federation:
     round: int = -1
     cipher_sizes: list[int] = field(default_factory=list)
     encrypted: dict[str, list[float]] = field(default_factory=dict)   # per-entry-name encrypted fractions
+    momentum: dict[str, torch.Tensor] = field(default_factory=dict)   # the server optimizer's (engine._server_step)
     _local: torch.nn.Module | None = field(default=None, repr=False)   # local_model's module and built counters
     _counters: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 

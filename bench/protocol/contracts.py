@@ -19,6 +19,7 @@ from bench.protocol.configurable import keyword_params
 from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import KEY_TOPOLOGIES, Defense
 from bench.protocol.evidence import KINDS, Metric
+from bench.protocol.records import dp_fault
 from bench.protocol.wire import Party, Payload
 from bench.registry import ATTACKS, DATASETS, DEFENSES, METRICS, MODELS
 
@@ -51,7 +52,7 @@ def check_defense(obj: Any) -> str | None:
         return fault
     if obj.key_topology not in KEY_TOPOLOGIES:
         return f"{obj.__name__}.key_topology is {obj.key_topology!r}; set one of {', '.join(KEY_TOPOLOGIES)}"
-    for flag in ("decodes_weighted_sum", "uploads_weights", "reference_row", "trains"):
+    for flag in ("decodes_weighted_sum", "uploads_weights", "reference_row", "trains", "differentially_private"):
         if not isinstance(getattr(obj, flag), bool):
             return f"{obj.__name__}.{flag} is {getattr(obj, flag)!r}; set True or False"
     if not any(getattr(obj, h) is not getattr(Defense, h) for h in UPLOAD_HOOKS) and not vars(obj).get("reference_row"):
@@ -201,6 +202,10 @@ def run_metric_values(defense: Any, values: Any) -> dict[str, Any]:
         if not (value is None or isinstance(value, (str, bool, np.bool_, numbers.Real))):
             raise ContractError(f"{describe(defense)}: run_metrics returned {_typename(value)} for '{name}', "
                                 f"expected a number")
+    if getattr(defense, "differentially_private", False) and dp_fault(values.get("epsilon"), values.get("dp")):
+        raise ContractError(f"{describe(defense)} declares differentially_private but its run_metrics "
+                            f"{dp_fault(values.get('epsilon'), values.get('dp'))}; report its accountant's epsilon and "
+                            f"details as DP-FedAvg does (defenses/dp.py)")
     return values
 
 

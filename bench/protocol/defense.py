@@ -53,6 +53,10 @@ class Defense(Configurable):
     # False when nothing a client trains is ever sent or applied (the untrained model's row): the engine then
     # skips local training and hands encode a zero update instead of spending the run's time on discarded work
     trains: ClassVar[bool] = True
+    # True for a differentially private mechanism: its run_metrics must report the `epsilon` its accountant gives
+    # (with the accountant's details under "dp"), and a record of it without one is refused where it is read
+    # (bench/protocol/records.py). An instance whose noise is off (a parameter) sets it False.
+    differentially_private: ClassVar[bool] = False
 
     def undefended(self) -> bool:
         """True when this instance's uploads carry the trained update unprotected: the row an attack must break

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name
+from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name, scenario_config
 from bench.protocol.records import config_id
 from bench.run.limits import MAX_BYTES, MAX_DEPTH, Limits, check_count, check_depth, check_timeout, text_depth
 from bench.run.mistakes import check_data_fields, check_pages, check_unique, known_names
@@ -47,7 +47,7 @@ class Cell:
     timeout_s: float | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
-        return {"scenario": dataclasses.asdict(self.scenario),
+        return {"scenario": scenario_config(self.scenario),
                 "defense": dataclasses.asdict(self.defense),
                 "attack": dataclasses.asdict(self.attack)}
 
