@@ -110,6 +110,7 @@ class DPFedAvg(Defense):
         self.clip = float(clip)
         self.ledger: RdpLedger | None = None
         self._sampled = 0          # clients in the current round
+        self._clipped: dict = {}   # this round's clipped updates by client: (the update given, clipped)
         self._most = 0             # most clients in any round: the weakest per-upload noise
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -133,11 +134,14 @@ class DPFedAvg(Defense):
         self._sampled = len(clients)
         self._most = max(self._most, len(clients))
         self.ledger.step()
-        # the inner negotiation sees what will be encoded: clipped (not yet noised) updates
-        self.inner.round_start(fed, round, clients, {n: clip_update(u, self.clip)[0] for n, u in updates.items()})
+        # the inner negotiation sees what will be encoded: clipped (not yet noised) updates, kept for encode
+        self._clipped = {n: (u, clip_update(u, self.clip)[0]) for n, u in updates.items()}
+        self.inner.round_start(fed, round, clients, {n: c for n, (_, c) in self._clipped.items()})
 
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
-        clipped, _ = clip_update(update, self.clip)
+        given, clipped = self._clipped.pop(client.name, (None, None))
+        if given is not update:   # a further (counterfactual) upload of the attacked client
+            clipped, _ = clip_update(update, self.clip)
         if self.local_noise:
             std = self._z(fed) * self.clip / math.sqrt(self._sampled)
             rng = _rng(fed, client.party)

@@ -48,8 +48,8 @@ def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tens
                  generator: torch.Generator, defense: Defense | None = None) -> dict[str, torch.Tensor]:
     """Client update as a delta: one FedSGD step (-lr * grad) or local SGD epochs.
 
-    Every step's gradient comes from the defense's `local_gradient` (the task's mean loss by default; DP-SGD
-    clips and noises it per example). The delta is taken against the model the client started from (the global
+    Every step's gradient comes from the defense's `local_gradient` (the task's mean loss by default; record-level
+    DP clips and noises it per example). The delta is taken against the model the client started from (the global
     model merged with its personalized entries), so a personalized or per-cluster model advances by its own
     training. It trains on the run's device (bench/models/torch_device.py) in the run's one local-training module
     (Federation.local_model); the delta comes back on the CPU."""
