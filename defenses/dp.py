@@ -81,6 +81,7 @@ class DPFedAvg(Defense):
     links = {"paper": "https://arxiv.org/abs/1710.06963"}
 
     local_noise: ClassVar[bool] = False
+    differentially_private: ClassVar[bool] = True
 
     def __init__(self, noise_multiplier: float | None = None, target_epsilon: float | None = None,
                  clip: float = 1.0, inner: str = "plaintext", inner_params: dict | None = None) -> None:
@@ -96,11 +97,11 @@ class DPFedAvg(Defense):
         if not clip > 0:
             raise ValueError(f"dp-fedavg: clip must be > 0, got {clip}")
         inner_cls = DEFENSES.get(inner)
-        if isinstance(inner_cls, type) and issubclass(inner_cls, DPFedAvg):
+        if getattr(inner_cls, "differentially_private", False):
             raise ValueError(f"dp-fedavg: inner defense '{inner}' is itself DP; wrap a non-DP defense")
         if not getattr(inner_cls, "decodes_weighted_sum", False):
             fits = [n for n in DEFENSES.names() if getattr(DEFENSES.get(n), "decodes_weighted_sum", False)
-                    and not issubclass(DEFENSES.get(n), DPFedAvg)]
+                    and not getattr(DEFENSES.get(n), "differentially_private", False)]
             raise ValueError(f"dp-fedavg: inner defense '{inner}' does not decode the weighted sum of the clipped "
                              f"updates, so noise calibrated for sum / W would not give the accounted epsilon; "
                              f"wrap one of: {', '.join(fits)}")
@@ -109,6 +110,7 @@ class DPFedAvg(Defense):
         self.clip = float(clip)
         self.ledger: RdpLedger | None = None
         self._sampled = 0          # clients in the current round
+        self._clipped: dict = {}   # this round's clipped updates by client: (the update given, clipped)
         self._most = 0             # most clients in any round: the weakest per-upload noise
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -135,11 +137,14 @@ class DPFedAvg(Defense):
             self.ledger.step()                 # (a malicious server's exchange) accounts the rounds released before
         if self.ledger.steps != round + 1:
             raise RuntimeError(f"dp: round {round} started twice; the ledger accounted {self.ledger.steps} rounds")
-        # the inner negotiation sees what will be encoded: clipped (not yet noised) updates
-        self.inner.round_start(fed, round, clients, {n: clip_update(u, self.clip)[0] for n, u in updates.items()})
+        # the inner negotiation sees what will be encoded: clipped (not yet noised) updates, kept for encode
+        self._clipped = {n: (u, clip_update(u, self.clip)[0]) for n, u in updates.items()}
+        self.inner.round_start(fed, round, clients, {n: c for n, (_, c) in self._clipped.items()})
 
     def encode(self, fed, client, update: dict[str, torch.Tensor], weight: float) -> Payload:
-        clipped, _ = clip_update(update, self.clip)
+        given, clipped = self._clipped.pop(client.name, (None, None))
+        if given is not update:   # a further (counterfactual) upload of the attacked client
+            clipped, _ = clip_update(update, self.clip)
         if self.local_noise:
             std = self._z(fed) * self.clip / math.sqrt(self._sampled)
             rng = _rng(fed, client.party)

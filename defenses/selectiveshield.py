@@ -72,6 +72,7 @@ class SelectiveShield(Defense):
     links = {"paper": "https://arxiv.org/abs/2508.04265"}
     decodes_weighted_sum = False   # per-entry mean over the uploads that sent it, times server_lr (eqs. 23-26)
     key_topology = "key-server"
+    differentially_private = True   # eq. 22's ledger; an instance with the noise module off is not
 
     def __init__(self, tau: float = 0.1, rho: float = 0.5, noise: bool = True, noise_multiplier: float | None = None,
                  target_epsilon: float | None = None, clip: float = 1.0, server_lr: float = 1.0) -> None:
@@ -84,6 +85,7 @@ class SelectiveShield(Defense):
         super().__init__(tau=tau, rho=rho, noise=noise, noise_multiplier=noise_multiplier,
                          target_epsilon=target_epsilon, clip=clip, server_lr=server_lr)
         self.tau, self.rho, self.noise, self.clip, self.server_lr = tau, rho, noise, clip, server_lr
+        self.differentially_private = bool(noise)
         self.noise_multiplier, self.target_epsilon = noise_multiplier, target_epsilon
         self.fractions: list[tuple[float, float, float]] = []
 
@@ -173,7 +175,12 @@ class SelectiveShield(Defense):
         if self.ledger is not None:
             out.update(epsilon=self.ledger.epsilon(fed.scenario.delta), noise_multiplier=self.ledger.noise_multiplier,
                        clip=self.clip, upload_noise_multiplier=self.ledger.noise_multiplier,
-                       dp=self.ledger.describe(fed.scenario.delta, fed.scenario.sampling))
+                       dp=self.ledger.describe(fed.scenario.delta, fed.scenario.sampling) | {
+                           "sampling": "none: every round accounted at q = 1 for every client (eq. 22)",
+                           "adjacency": "add/remove one client (user-level, per client's noise-zone upload)",
+                           "covers": "the noise-zone sub-vector of each upload (the aggregation server sees the "
+                                     "encrypted zone as ciphertext); not the Fisher masks sent in the clear nor the "
+                                     "un-noised encrypted-zone sum in the released model"})
         return out
 
 

@@ -11,9 +11,9 @@ _RUN = [
     ("chance_accuracy", "", None, "utility", "accuracy of a uniform guess (1 / classes)", "{:.3f}", False),
     ("lm_loss", "nats", True, "utility", "test next-token loss of the final global model", "{:.3f}", False),
     ("perplexity", "", True, "utility", "test perplexity of the final global model", "{:.1f}", False),
-    ("epsilon", "", True, "privacy", "user-level DP epsilon at the scenario's delta (Opacus RDP, q = sampled/total clients)", "{:.2f}", False),
-    ("noise_multiplier", "", None, "privacy", "DP noise multiplier z: noise std z*clip on the sum of clipped updates", "{:.3f}", False),
-    ("clip", "", None, "privacy", "DP per-client L2 clipping norm of the update", "{:.3g}", False),
+    ("epsilon", "", True, "privacy", "DP epsilon at its delta from the defense's accountant; what it covers (user- or record-level, which release) is in details.dp", "{:.2f}", False),
+    ("noise_multiplier", "", None, "privacy", "DP noise multiplier z: noise std z*clip on a sum of clipped contributions (client updates, or examples under record-level DP)", "{:.3f}", False),
+    ("clip", "", None, "privacy", "DP L2 clipping norm of one contribution (a client's update, or one example's gradient under record-level DP)", "{:.3g}", False),
     ("upload_noise_multiplier", "", None, "privacy", "noise multiplier of one upload as the server sees it (0 = central DP, un-noised)", "{:.3f}", False),
     ("diverged_round", "", None, "utility", "round at which training became non-finite (update, loss or model) and the "
      "run stopped; its utility columns are the last finite global model's", "{:.0f}", False),

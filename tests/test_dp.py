@@ -108,10 +108,10 @@ def test_bad_params_fail_in_one_line(params):
         assert "\n" not in str(err.value) and "dp-fedavg" in str(err.value)
 
 
-def test_inner_cannot_be_dp():
+@pytest.mark.parametrize("inner", ["dp-fedavg-local", "dp-sgd", "selectiveshield", "sensecrypt-dp"])
+def test_inner_cannot_be_dp(inner):
     with pytest.raises(ValueError, match="itself DP"):
-        DPFedAvg(noise_multiplier=1.0, inner="dp-fedavg-local",
-                 inner_params={"noise_multiplier": 1.0})
+        DPFedAvg(noise_multiplier=1.0, inner=inner, inner_params={"noise_multiplier": 1.0})
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -292,7 +292,7 @@ def _inner_cases():
     from bench.registry import DEFENSES as REG
     from tests.test_e2e_grid import GRID_DEFENSES
     params = dict(GRID_DEFENSES) | {"gaussian-noise": {"sigma": 0.0}}   # its data-independent noise off: exactness
-    return [(n, params.get(n, {})) for n in REG.builtins() if not issubclass(REG.get(n), DPFedAvg)]
+    return [(n, params.get(n, {})) for n in REG.builtins() if not REG.get(n).differentially_private]
 
 
 @pytest.mark.parametrize("inner,params", _inner_cases(), ids=[n for n, _ in _inner_cases()])

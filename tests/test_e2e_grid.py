@@ -17,6 +17,7 @@ GRID_DEFENSES = [
     ("selective", {"rule": "random", "ratio": 0.2}),
     ("dp-fedavg", {"noise_multiplier": 1.0}),
     ("dp-fedavg-local", {"noise_multiplier": 1.0}),
+    ("dp-sgd", {"noise_multiplier": 1.0}),
     ("selectiveshield", {"noise_multiplier": 1.0}),
     ("sensecrypt", {"key_bits": 512, "ratio_cap": 0.05}),
     ("sensecrypt-dp", {"key_bits": 512, "dp_epsilon": 100.0, "ratio_cap": 0.05}),

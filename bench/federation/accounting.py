@@ -1,11 +1,11 @@
-"""Privacy accounting for user-level DP: one RDP ledger per run, and noise calibration.
+"""Privacy accounting: RDP ledgers of subsampled Gaussian mechanisms, and noise calibration.
 
-The ledger is the single source of the noise multiplier a mechanism may use, and it is
-stepped once per released aggregate with the user-level sampling rate q = sampled
-clients / total clients (not a record-level batch/data rate). It wraps Opacus'
-RDPAccountant (Poisson subsampled Gaussian, add/remove-one adjacency); a run that
-samples a fixed number of clients without replacement is accounted as Poisson sampling
-at the same rate. Both facts are part of what `describe` records.
+A ledger is the single source of the noise multiplier a mechanism may use. User-level DP-FedAvg keeps one per
+run, stepped once per released aggregate with q = sampled clients / total clients; record-level DP-SGD keeps
+one per client, stepped once per local step with q = batch / the client's data (`step(sample_rate)`). It wraps
+Opacus' RDPAccountant (Poisson subsampled Gaussian, add/remove-one adjacency); a run that samples a fixed
+number of clients, or shuffles a client's data into fixed batches, is accounted as Poisson sampling at the same
+rate. `describe` records which.
 
 Calibrating a noise multiplier for a target epsilon is a bisection that takes seconds,
 so results are cached in-process and in a small JSON file in the user cache. Opacus is imported
@@ -48,9 +48,13 @@ class RdpLedger:
 
         self._accountant = RDPAccountant()
 
-    def step(self) -> None:
-        """Account one release of the mechanism (one round's aggregate)."""
-        self._accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+    def step(self, sample_rate: float | None = None) -> None:
+        """Account one release of the mechanism (one round's aggregate, one DP-SGD step) at `sample_rate`
+        (default: the ledger's)."""
+        q = self.sample_rate if sample_rate is None else float(sample_rate)
+        if not 0 < q <= 1:
+            raise ValueError(f"sample_rate must be in (0, 1], got {q}")
+        self._accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=q)
 
     @property
     def history(self) -> list[tuple[float, float, int]]:
@@ -87,6 +91,58 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, r
         raise ValueError(f"need delta in (0, 1), sample_rate in (0, 1] and rounds >= 1; "
                          f"got {delta}, {sample_rate}, {rounds}")
     return _cached(float(target_epsilon), float(delta), float(sample_rate), int(rounds))
+
+
+def noise_for_histories(target_epsilon: float, delta: float, histories: list[list[tuple[float, int]]]) -> float:
+    """Smallest noise multiplier (up to the bisection tolerance) with which every history spends at most
+    target_epsilon; a history is one party's planned releases as (sample rate, steps) runs, e.g. each client's
+    DP-SGD steps. Bisection as Opacus' get_noise_multiplier does it, on the largest epsilon of the histories."""
+    if not target_epsilon > 0 or not 0 < delta < 1:
+        raise ValueError(f"need target_epsilon > 0 and delta in (0, 1); got {target_epsilon}, {delta}")
+    plans = tuple(sorted({tuple(sorted((float(q), int(n)) for q, n in h if n > 0)) for h in histories} - {()}))
+    if any(not 0 < q <= 1 for plan in plans for q, _ in plan):
+        raise ValueError("every sample rate must be in (0, 1]")
+    if not plans:
+        raise ValueError("no party plans a release: nothing to calibrate noise for")
+    return _cached_histories(float(target_epsilon), float(delta), plans)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_histories(target_epsilon: float, delta: float, plans: tuple) -> float:
+    import opacus
+    from opacus.accountants import RDPAccountant
+
+    key = json.dumps([ACCOUNTANT, opacus.__version__, RELATIVE_TOLERANCE, target_epsilon, delta, plans])
+    stored = _read(cache_file())
+    if key in stored:
+        return float(stored[key])
+
+    def worst(z: float) -> float:
+        spent = 0.0
+        for plan in plans:
+            accountant = RDPAccountant()
+            accountant.history = [(z, q, n) for q, n in plan]
+            spent = max(spent, accountant.get_epsilon(delta=delta))
+        return spent
+
+    low, high, tolerance = 0.0, 10.0, RELATIVE_TOLERANCE * target_epsilon
+    with warnings.catch_warnings():   # probes of tiny noise hit the largest RDP order; not the answer
+        warnings.simplefilter("ignore", UserWarning)
+        spent_high = worst(high)
+        while spent_high > target_epsilon:
+            low, high = high, 2 * high
+            if high > 1e6:
+                raise ValueError(f"no noise multiplier up to 1e6 reaches epsilon {target_epsilon}")
+            spent_high = worst(high)
+        while target_epsilon - spent_high > tolerance:
+            mid = (low + high) / 2
+            spent = worst(mid)
+            if spent < target_epsilon:
+                high, spent_high = mid, spent
+            else:
+                low = mid
+    _write(cache_file(), _read(cache_file()) | {key: high})
+    return high
 
 
 @functools.lru_cache(maxsize=64)

@@ -45,21 +45,26 @@ from bench.protocol.wire import Payload, Traffic, Upload
 
 
 def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tensor, mode: str,
-                 generator: torch.Generator) -> dict[str, torch.Tensor]:
+                 generator: torch.Generator, defense: Defense | None = None) -> dict[str, torch.Tensor]:
     """Client update as a delta: one FedSGD step (-lr * grad) or local SGD epochs.
 
-    The delta is taken against the model the client started from (the global model merged with its
-    personalized entries), so a personalized or per-cluster model advances by its own training. It trains
-    on the run's device (bench/models/torch_device.py); the delta comes back on the CPU."""
+    Every step's gradient comes from the defense's `local_gradient` (the task's mean loss by default; record-level
+    DP clips and noises it per example). The delta is taken against the model the client started from (the global
+    model merged with its personalized entries), so a personalized or per-cluster model advances by its own
+    training. It trains on the run's device (bench/models/torch_device.py) in the run's one local-training module
+    (Federation.local_model); the delta comes back on the CPU."""
     sc = fed.scenario
+    defense = defense or _PLAIN
     dev = torch_device.device(fed.model)
-    model = fed.new_model()
+    model = fed.local_model()
     start = client.merged(fed.params())
     set_entries(model, start)
     model.to(dev).train()
     if mode == "gradient":
         before = {n: b.detach().cpu().clone() for n, b in model.named_buffers() if n in fed.shapes}
-        grads = fed.gradient(x, y, model)
+        model.zero_grad()
+        contracts.returned_loss(defense, defense.local_gradient(fed, client, model, x, y))
+        grads = fed.grads(model)
         after = dict(model.named_buffers())
         return {n: (after[n].detach().cpu() - before[n]) if n in before else -sc.lr * grads[n] for n in fed.names}
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=sc.lr)
@@ -68,14 +73,16 @@ def local_update(fed: Federation, client: Client, x: torch.Tensor, y: torch.Tens
         order = torch.randperm(len(y), generator=generator)   # drawn on the CPU on every device
         for batch in order.split(sc.batch_size):
             opt.zero_grad()
-            loss = fed.task.loss(model, x[batch].to(dev), y[batch].to(dev))
-            finite &= torch.isfinite(loss.detach())
-            loss.backward()
+            loss = contracts.returned_loss(defense, defense.local_gradient(fed, client, model, x[batch], y[batch]))
+            finite &= torch.isfinite(loss)
             opt.step()
     if not bool(finite):
         raise Diverged(fed.round, f"{client.name}'s training loss")
     state = dict(model.named_parameters()) | dict(model.named_buffers())
     return {n: state[n].detach().cpu() - start[n] for n in fed.names}
+
+
+_PLAIN = Defense()   # local training as the base contract runs it: the task's mean loss, backpropagated
 
 
 def build_federation(scenario: Scenario, data, defense: Defense | None = None) -> Federation:
@@ -126,11 +133,11 @@ def _sample(fed: Federation, round: int) -> list[Client]:
     return [fed.clients[i] for i in sorted(chosen)]
 
 
-def _train(fed: Federation, sampled: list[Client], round: int, canary: Canary | None,
-           trains: bool = True) -> dict[str, list[tuple]]:
+def _train(fed: Federation, defense: Defense, sampled: list[Client], round: int,
+           canary: Canary | None) -> dict[str, list[tuple]]:
     """Each sampled client's update(s): (x, y, update, attacked, canary in the trial or None); the attacked
     client's are FedSGD batches, canary trials where the scenario runs them (bench/federation/canary.py).
-    With `trains` False (a defense that sends and applies nothing) every update is zero, untrained."""
+    A defense whose `trains` is False (it sends and applies nothing) gets zero updates, untrained."""
     sc = fed.scenario
     trained: dict[str, list[tuple]] = {}
     for client in sampled:
@@ -147,7 +154,7 @@ def _train(fed: Federation, sampled: list[Client], round: int, canary: Canary | 
                     x, y = trial_batch(canary, x, y, included)
             else:
                 x, y, mode = client.x, client.y, "delta"
-            update = local_update(fed, client, x, y, mode, gen) if trains else \
+            update = local_update(fed, client, x, y, mode, gen, defense) if defense.trains else \
                 {n: torch.zeros(shape) for n, shape in fed.shapes.items()}
             if included is not None:
                 update = trial_update(canary, update, included)
@@ -201,13 +208,33 @@ def _aggregate(fed: Federation, defense: Defense, sampled: list[Client], aggrega
     _broadcast(fed, sampled, aggregate, update, decoder)
     learned = _server_learns(aggregate, decoder, fed.shapes)
     current = fed.params()
-    new = {n: current[n] + update[n] for n in fed.names}
+    step = _server_step(fed, update)
+    new = {n: current[n] + step[n] for n in fed.names}
     require_finite(new, fed.round, "the new global model")
     set_entries(fed.model, new)
     for n in fed.names:
         known[n] &= learned[n]
     for client in sampled:
         defense.merge(fed, client, update)
+
+
+def _server_step(fed: Federation, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the decoded update moves the global model by: the update itself (FedAvg, the default), or the server
+    optimizer's step on the trainable parameters (Reddi et al. 2021's FedAvgM; McMahan et al. 2018 use server
+    momentum for DP-FedAvg): m = server_momentum * m + update, step = server_lr * m. Buffers (BatchNorm statistics)
+    take the update as it is: they are averages, not descended."""
+    sc = fed.scenario
+    if sc.server_lr == 1.0 and sc.server_momentum == 0.0:
+        return update
+    trainable = {n for n, p in fed.model.named_parameters() if p.requires_grad}
+    step = dict(update)
+    for n in fed.names:
+        if n in trainable:
+            moment = update[n] if n not in fed.momentum else sc.server_momentum * fed.momentum[n] + update[n]
+            if sc.server_momentum:
+                fed.momentum[n] = moment
+            step[n] = sc.server_lr * moment
+    return step
 
 
 def _exchanges(fed: Federation, pristine: Defense, modifiers: dict[str, Attack], knowledge, trained,
@@ -253,7 +280,7 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         if r == scenario.attack_round:
             knowledge = replace(server_view_knowledge(fed, known, defense), canary=canary)
         try:
-            trained = _train(fed, sampled, r, canary, defense.trains)
+            trained = _train(fed, defense, sampled, r, canary)
             defense.round_start(fed, r, sampled, {c.name: trained[c.name][0][2] for c in sampled})
             if r == scenario.attack_round and modifiers:   # before the honest upload, which drops its batches
                 modified = _exchanges(fed, pristine, modifiers, knowledge, trained, sampled)
@@ -275,6 +302,8 @@ def run_federation(scenario: Scenario, data, defense: Defense, progress: Callabl
         measured["diverged_round"] = diverged.round
     metrics = {k: v for k, v in measured.items() if not isinstance(v, dict)}
     details = {k: v for k, v in measured.items() if isinstance(v, dict)} | {"key_topology": defense.key_topology}
+    if defense.differentially_private:   # the record must then carry its epsilon (bench/protocol/records.py)
+        details["differentially_private"] = True
     if diverged is not None:
         return FederationRun(targets, knowledge, metrics, details, str(diverged), modified)
     chosen = candidates.select(fed, known, last, initial, needs_membership,

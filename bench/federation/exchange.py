@@ -103,7 +103,9 @@ def modified_targets(fed: Federation, pristine: Defense, attack: Attack, knowled
     sampled = [mfed.clients[c.index] for c in cohort]
 
     def trained(who: Client, x, y, mode: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return train(mfed, who, x, y, mode, gen) if defense.trains else {n: torch.zeros(s) for n, s in shapes.items()}
+        if not defense.trains:
+            return {n: torch.zeros(s) for n, s in shapes.items()}
+        return train(mfed, who, x, y, mode, gen, defense)
 
     gens = {c.index: torch.Generator().manual_seed(sc.seed * 100_003 + fed.round * 1_009 + c.index) for c in sampled}
     updates = [trained(client, x, y, sc.attack_update, gens[client.index]) for x, y, *_ in batches]

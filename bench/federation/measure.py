@@ -73,7 +73,7 @@ def run_metrics(fed: Federation, defense: Defense, wall: float) -> dict[str, Any
     data = fed.data
     dev = torch_device.device(fed.model)
     evaluated = fed.model if dev.type == "cpu" else copy.deepcopy(fed.model).to(dev)
-    metrics: dict[str, Any] = dict(fed.task.evaluate(evaluated.to(dev), data.test_x, data.test_y))
+    metrics: dict[str, Any] = dict(fed.task.evaluate(evaluated.to(dev), data.test_x, data.test_y, per_example=True))
     if "accuracy" in metrics:   # what a page needs to tell an accuracy from chance (its binomial interval)
         metrics.update(test_samples=len(data.test_y), chance_accuracy=1.0 / data.num_classes)
     if any(c.local for c in fed.clients):  # personalized entries: each client's own model on the test set

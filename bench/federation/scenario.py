@@ -23,6 +23,9 @@ class SpecError(ValueError):
 
 
 MAX_SEED = 2**32 - 1
+# a field added once cells were stored under ids that hash every field: left out of a cell's config while it holds
+# its default, so those cells keep their ids (scenario_config)
+OMITTED_AT_DEFAULT = "omitted at default"
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -64,6 +67,10 @@ class Scenario:
     public_fraction: float = 0.0      # held out from every client, for a warm start
     pretrain_epochs: int = 0          # central training on the public split before round one
     delta: float = 1e-5               # DP delta at which epsilon is reported
+    # the server optimizer (Reddi et al. 2021; McMahan et al. 2018's server momentum): the decoded mean update is a
+    # pseudo-gradient, m = server_momentum * m + update, parameters += server_lr * m; (1, 0) is FedAvg
+    server_lr: float = field(default=1.0, metadata={"config": OMITTED_AT_DEFAULT})
+    server_momentum: float = field(default=0.0, metadata={"config": OMITTED_AT_DEFAULT})
     # attack setting: which upload the honest-but-curious server attacks
     attack_round: int = 0
     attack_client: int = 0
@@ -86,7 +93,7 @@ class Scenario:
 
     def __post_init__(self) -> None:
         check_name("scenario", self.name)
-        for key in ("lr", "alpha", "delta", "public_fraction"):
+        for key in ("lr", "alpha", "delta", "public_fraction", "server_lr", "server_momentum"):
             if not math.isfinite(getattr(self, key)):
                 raise SpecError(f"scenario '{self.name}': {key} must be finite, got {getattr(self, key)}")
         if not 0 <= self.seed <= MAX_SEED:
@@ -132,6 +139,9 @@ class Scenario:
         if self.lr > FLOAT32_MAX:   # updates are float32: lr * gradient would be inf before training starts
             raise SpecError(f"scenario '{self.name}': lr {self.lr:g} exceeds the largest float32 ({FLOAT32_MAX:.3g}); "
                             "model updates are float32, use a learning rate such as 0.1")
+        if not self.server_lr > 0 or not 0 <= self.server_momentum < 1:
+            raise SpecError(f"scenario '{self.name}': server_lr must be > 0 and server_momentum in [0, 1), got "
+                            f"{self.server_lr} and {self.server_momentum}; FedAvg is server_lr = 1, server_momentum = 0")
         if not 0 < self.delta < 1:
             raise SpecError(f"scenario '{self.name}': delta must be in (0, 1), got {self.delta}")
         if self.pretrain_epochs < 0:
@@ -139,6 +149,16 @@ class Scenario:
         if self.classes_per_client < 1:
             raise SpecError(f"scenario '{self.name}': classes_per_client must be >= 1, "
                             f"got {self.classes_per_client}; did you mean 1?")
+
+
+def scenario_config(sc: Scenario) -> dict[str, Any]:
+    """The scenario as a cell's config holds it (its id hashes it): every field, but those marked OMITTED_AT_DEFAULT
+    while they hold their default, so a field added later leaves the ids of cells that do not use it unchanged."""
+    out = dataclasses.asdict(sc)
+    for f in dataclasses.fields(sc):
+        if f.metadata.get("config") == OMITTED_AT_DEFAULT and out[f.name] == f.default:
+            del out[f.name]
+    return out
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -122,6 +122,9 @@ class Federation:
     round: int = -1
     cipher_sizes: list[int] = field(default_factory=list)
     encrypted: dict[str, list[float]] = field(default_factory=dict)   # per-entry-name encrypted fractions
+    momentum: dict[str, torch.Tensor] = field(default_factory=dict)   # the server optimizer's (engine._server_step)
+    _local: torch.nn.Module | None = field(default=None, repr=False)   # local_model's module and built counters
+    _counters: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def observe(self, upload: Upload) -> None:
         """Record what an aggregated upload really encrypted: sizes and per-parameter fractions."""
@@ -148,28 +151,54 @@ class Federation:
 
     def gradient(self, x: torch.Tensor, y: torch.Tensor, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
         """Gradient of the task loss on (x, y) at the given (default: global) model, computed where the model
-        lives, returned on the CPU. Where the task sets a `chunk`, a larger set is summed over backward passes
-        of that many samples, then divided by its terms (tokens): the same gradient, with activation memory
-        bounded by a chunk (one pass over 256 sequences of SmolLM2-135M held 20 GB)."""
+        lives (`backward`), returned on the CPU."""
         model = model or self.model
-        dev = torch_device.model_device(model)
         model.zero_grad()
+        self.backward(model, x, y)
+        return self.grads(model)
+
+    def backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The gradient of the task's mean loss on (x, y) into the model's zeroed .grad, where the model lives; returns
+        the loss. Where the task sets a `chunk`, a larger set is summed over backward passes of that many samples,
+        then divided by its terms (tokens): the same gradient, with activation memory bounded by a chunk (one pass
+        over 256 sequences of SmolLM2-135M held 20 GB)."""
+        dev = torch_device.model_device(model)
         chunk = self.task.chunk
         if chunk is None or len(x) <= chunk:
-            self.task.loss(model, x.to(dev), y.to(dev)).backward()
-        else:
-            terms = 0
-            for start in range(0, len(x), chunk):
-                part = slice(start, start + chunk)
-                total, count = self.task.loss_sum(model, x[part].to(dev), y[part].to(dev))
-                total.backward()
-                terms += count
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad /= max(terms, 1)
+            loss = self.task.loss(model, x.to(dev), y.to(dev))
+            loss.backward()
+            return loss.detach()
+        terms, summed = 0, torch.zeros((), device=dev)
+        for start in range(0, len(x), chunk):
+            part = slice(start, start + chunk)
+            total, count = self.task.loss_sum(model, x[part].to(dev), y[part].to(dev))
+            total.backward()
+            terms, summed = terms + count, summed + total.detach()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad /= max(terms, 1)
+        return summed / max(terms, 1)
+
+    def grads(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The model's .grad of every update entry, on the CPU (zeros where an entry has none: buffers)."""
         params = dict(model.named_parameters())
         return {n: params[n].grad.detach().cpu().clone() if n in params and params[n].grad is not None
                 else torch.zeros(self.shapes[n]) for n in self.names}
+
+    def local_model(self) -> torch.nn.Module:
+        """The module every client's local training of the run runs in, built once: building the public architecture
+        anew for each client cost more than training a cross-device client's few dozen samples. The caller sets the
+        update entries; what training can change besides them (integer buffers such as BatchNorm's counter) is put
+        back to its built value here, and frozen weights never train, so each use starts as a fresh build would."""
+        if self._local is None:
+            self._local = self.new_model()
+            self._counters = {n: b.detach().clone() for n, b in self._local.named_buffers() if n not in self.names}
+        else:
+            with torch.no_grad():
+                for n, b in self._local.named_buffers():
+                    if n in self._counters:
+                        b.copy_(self._counters[n])
+        return self._local
 
 
 @dataclass(frozen=True)

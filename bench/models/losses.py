@@ -5,11 +5,14 @@ Keeps bench/ free of image assumptions: the engine only calls task.loss and task
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from bench.models import torch_device
+from bench.protocol.records import pack_bits
 
 
 def trimmed(x: torch.Tensor, pad_id: int | None) -> torch.Tensor:
@@ -35,13 +38,19 @@ class ClassificationTask:
         return F.cross_entropy(model(trimmed(x, self.pad_id)), y)
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    def evaluate(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 per_example: bool = False) -> dict[str, Any]:
+        """Accuracy; with `per_example`, also which test examples the model gets right, in test-set order
+        (`per_example`: {"correct": base64 bits, "n"}, bench/protocol/records.py pack_bits), for paired intervals."""
         model.eval()
         dev = torch_device.model_device(model)
-        correct = sum(int((model(trimmed(xb, self.pad_id).to(dev)).argmax(1).cpu() == yb).sum())
-                      for xb, yb in zip(x.split(512), y.split(512)))
+        hits = [model(trimmed(xb, self.pad_id).to(dev)).argmax(1).cpu() == yb for xb, yb in zip(x.split(512), y.split(512))]
         model.train()
-        return {"accuracy": correct / max(len(y), 1)}
+        out: dict[str, Any] = {"accuracy": sum(int(h.sum()) for h in hits) / max(len(y), 1)}
+        if per_example:
+            correct = torch.cat(hits).numpy() if hits else np.zeros(0, bool)
+            out["per_example"] = {"correct": pack_bits(correct), "n": len(correct)}
+        return out
 
 
 class CausalLMTask:
@@ -53,11 +62,16 @@ class CausalLMTask:
     def __init__(self, data) -> None:
         self.pad_id = data.pad_id
 
-    def _token_losses(self, model, x):
+    def _scored(self, model, x) -> tuple[torch.Tensor, torch.Tensor]:
+        """(next-token logits, their targets with padding as -100)."""
         x = trimmed(x, self.pad_id)
         logits = model(x)[:, :-1]
         target = x[:, 1:].clone()
         target[target == self.pad_id] = -100
+        return logits, target
+
+    def _token_losses(self, model, x):
+        logits, target = self._scored(model, x)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
                                reduction="sum"), int((target != -100).sum())
 
@@ -71,15 +85,26 @@ class CausalLMTask:
         return self._token_losses(model, x)
 
     @torch.no_grad()
-    def evaluate(self, model, x, y=None) -> dict[str, float]:
+    def evaluate(self, model, x, y=None, per_example: bool = False) -> dict[str, Any]:
+        """Test loss and perplexity; with `per_example`, each test sequence's summed token loss (nats, 6
+        significant digits) and counted tokens, in test-set order, for paired intervals."""
         model.eval()
-        total, count = 0.0, 0
+        total, count, nll, tokens = 0.0, 0, [], []
         for xb in x.split(64):
-            t, c = self._token_losses(model, xb.to(torch_device.model_device(model)))
-            total, count = total + float(t), count + c
+            logits, target = self._scored(model, xb.to(torch_device.model_device(model)))
+            flat_logits, flat_target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+            t = F.cross_entropy(flat_logits, flat_target, ignore_index=-100, reduction="sum")
+            total, count = total + float(t), count + int((target != -100).sum())
+            if per_example:
+                each = F.cross_entropy(flat_logits, flat_target, ignore_index=-100, reduction="none")
+                nll += [float(f"{v:.6g}") for v in each.reshape(target.shape).sum(1).tolist()]
+                tokens += (target != -100).sum(1).tolist()
         model.train()
         loss = total / max(count, 1)
-        return {"lm_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+        out: dict[str, Any] = {"lm_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+        if per_example:
+            out["per_example"] = {"nll": nll, "tokens": tokens}
+        return out
 
 
 TASKS = {ClassificationTask.name: ClassificationTask, CausalLMTask.name: CausalLMTask}

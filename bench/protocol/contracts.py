@@ -19,6 +19,7 @@ from bench.protocol.configurable import keyword_params
 from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import KEY_TOPOLOGIES, Defense
 from bench.protocol.evidence import KINDS, Metric
+from bench.protocol.records import dp_fault
 from bench.protocol.wire import Party, Payload
 from bench.registry import ATTACKS, DATASETS, DEFENSES, METRICS, MODELS
 
@@ -30,6 +31,7 @@ class ContractError(TypeError):
 # hook -> (positional arguments its caller passes, keyword arguments); the calls of bench/federation/engine.py,
 # bench/federation/budget.py, bench/run/cells.py and bench/run/preflight.py
 DEFENSE_HOOKS = {"applicable": (("setting",), ()), "adapt_model": (("model",), ()), "setup": (("fed",), ()),
+                 "local_gradient": (("fed", "client", "model", "x", "y"), ()),
                  "round_start": (("fed", "round", "clients", "updates"), ()),
                  "encode": (("fed", "client", "update", "weight"), ()),
                  "aggregate": (("fed", "uploads", "server"), ()), "start_aggregate": (("fed", "server"), ()),
@@ -50,7 +52,7 @@ def check_defense(obj: Any) -> str | None:
         return fault
     if obj.key_topology not in KEY_TOPOLOGIES:
         return f"{obj.__name__}.key_topology is {obj.key_topology!r}; set one of {', '.join(KEY_TOPOLOGIES)}"
-    for flag in ("decodes_weighted_sum", "uploads_weights", "reference_row", "trains"):
+    for flag in ("decodes_weighted_sum", "uploads_weights", "reference_row", "trains", "differentially_private"):
         if not isinstance(getattr(obj, flag), bool):
             return f"{obj.__name__}.{flag} is {getattr(obj, flag)!r}; set True or False"
     if not any(getattr(obj, h) is not getattr(Defense, h) for h in UPLOAD_HOOKS) and not vars(obj).get("reference_row"):
@@ -153,6 +155,14 @@ def returned_payload(defense: Any, hook: str, value: Any) -> Payload:
     return returned(defense, hook, value, Payload, "a bench.Payload (plaintext entries: bench.dense_payload(update))")
 
 
+def returned_loss(defense: Any, value: Any) -> torch.Tensor:
+    """local_gradient's result: the batch's loss, a one-element tensor."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.detach()
+    raise ContractError(f"{describe(defense)}: local_gradient returned {_typename(value)}, expected the batch's loss "
+                        f"as a one-element torch.Tensor (the default returns fed.backward(model, x, y))")
+
+
 def returned_aggregation(defense: Any, value: Any) -> Aggregation | None:
     return returned(defense, "start_aggregate", value, (Aggregation, type(None)),
                     "a bench.Aggregation (fold(upload), result() -> bench.Payload) or None")
@@ -192,6 +202,10 @@ def run_metric_values(defense: Any, values: Any) -> dict[str, Any]:
         if not (value is None or isinstance(value, (str, bool, np.bool_, numbers.Real))):
             raise ContractError(f"{describe(defense)}: run_metrics returned {_typename(value)} for '{name}', "
                                 f"expected a number")
+    if getattr(defense, "differentially_private", False) and dp_fault(values.get("epsilon"), values.get("dp")):
+        raise ContractError(f"{describe(defense)} declares differentially_private but its run_metrics "
+                            f"{dp_fault(values.get('epsilon'), values.get('dp'))}; report its accountant's epsilon and "
+                            f"details as DP-FedAvg does (defenses/dp.py)")
     return values
 
 

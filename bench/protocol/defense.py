@@ -1,8 +1,9 @@
 """The defense contract: hooks the federation engine calls, with no defense-specific branches.
 
-setup (keys, negotiation) -> round_start (per-round negotiation) -> encode (client:
-update -> payload) -> aggregate (aggregation server, public material only) -> decode
-(whoever holds the key) -> merge (client; personalized parts stay local).
+setup (keys, negotiation) -> local_gradient (client: each step of its local training) ->
+round_start (per-round negotiation) -> encode (client: update -> payload) -> aggregate
+(aggregation server, public material only) -> decode (whoever holds the key) -> merge
+(client; personalized parts stay local).
 
 The server aggregates as uploads arrive: start_aggregate opens the round's running aggregate and
 the engine folds each upload into it right after the client encodes it, so a round never holds
@@ -52,6 +53,10 @@ class Defense(Configurable):
     # False when nothing a client trains is ever sent or applied (the untrained model's row): the engine then
     # skips local training and hands encode a zero update instead of spending the run's time on discarded work
     trains: ClassVar[bool] = True
+    # True for a differentially private mechanism: its run_metrics must report the `epsilon` its accountant gives
+    # (with the accountant's details under "dp"), and a record of it without one is refused where it is read
+    # (bench/protocol/records.py). An instance whose noise is off (a parameter) sets it False.
+    differentially_private: ClassVar[bool] = False
 
     def undefended(self) -> bool:
         """True when this instance's uploads carry the trained update unprotected: the row an attack must break
@@ -73,6 +78,13 @@ class Defense(Configurable):
 
     def setup(self, fed) -> None:
         """Keys and one-off negotiation; send messages with fed.send(round=-1, ...)."""
+
+    def local_gradient(self, fed, client, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """At the client, for each step of its local training (one FedSGD step, or each batch of its local epochs):
+        put into the parameters' .grad (zeroed by the engine) the gradient the step takes on the batch (x, y), and
+        return the batch's loss. The default is the task's mean loss, backpropagated (Federation.backward);
+        record-level DP-SGD clips and noises the gradient per example here."""
+        return fed.backward(model, x, y)
 
     def round_start(self, fed, round: int, clients: list, updates: dict[str, dict[str, torch.Tensor]]) -> None:
         """Per-round negotiation after local training, before uploads (e.g. mask proposals).

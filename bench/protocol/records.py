@@ -12,6 +12,10 @@ is refused in one line naming the file and the cell. The checks, and what each c
 - metrics: each is a number (a bool counts), None or text (the "unavailable: <reason>" form, shown as n/a and
   never ranked), and is named in the record's metric schema snapshot, whose entries are well formed (kind,
   direction, unit, a plain number format); a record without a snapshot predates them (left off pages as before);
+- privacy: the record of a run whose defense declared itself differentially private
+  (`details["differentially_private"]`, written by the engine) reports the epsilon its accountant gives
+  (`metrics["epsilon"]`, a finite number >= 0) and the accountant's details (`details["dp"]`: accountant, delta);
+  a failed cell, whose run may not have finished, is exempt; records written before the declaration carry none;
 - digest: a record written by this code carries `environment["digest"]`, a content hash over everything it
   holds but its suite (set by membership), its volatile run id and the notes added when it is copied
   (`NOTES`); a metric, detail, reason, status, config or fingerprint changed after the record was written
@@ -30,8 +34,10 @@ digest with this code gets through; only recomputing the cell (`leakbench verify
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import math
 import re
 import string
 from typing import Any
@@ -92,6 +98,29 @@ class RecordError(ValueError):
     """A record that cannot be trusted; the message names the file and the cell."""
 
 
+def pack_bits(bits) -> str:
+    """Per-example 0/1 outcomes as a record stores them (details.per_example.correct): numpy.packbits (big-endian
+    bit order) in base64, 1,668 characters for 10,000 examples."""
+    import numpy as np
+    return base64.b64encode(np.packbits(np.asarray(bits, dtype=bool)).tobytes()).decode("ascii")
+
+
+def unpack_bits(text: str, n: int):
+    """pack_bits' `n` outcomes as a numpy bool array."""
+    import numpy as np
+    return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8), count=n).astype(bool)
+
+
+def dp_fault(epsilon: Any, dp: Any) -> str | None:
+    """What a differentially private run's report lacks: the accountant's epsilon, or its details (accountant,
+    delta); None when both are there."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < 0:
+        return f"reports no accountant epsilon (epsilon is {epsilon!r})"
+    if not isinstance(dp, dict) or not isinstance(dp.get("accountant"), str) or not isinstance(dp.get("delta"), float):
+        return "reports no accountant details (dp: its accountant and delta)"
+    return None
+
+
 def check_record(rec: Any, where: str, index: int = 0) -> dict[str, Any]:
     """The record, or RecordError (one line: `where`, the cell and the fault). See the module docstring."""
     if not isinstance(rec, dict):
@@ -123,7 +152,15 @@ def _fault(rec: dict[str, Any]) -> str | None:
         return "a note in its details is not text"
     if not isinstance(rec.get("details", {}).get(UNDEFENDED), (bool, type(None))):
         return f"its details' {UNDEFENDED!r} is not true, false or null"
-    return _identity(rec) or _metrics(rec) or _environment(rec)
+    return _identity(rec) or _metrics(rec) or _privacy(rec) or _environment(rec)
+
+
+def _privacy(rec: dict[str, Any]) -> str | None:
+    details = rec.get("details", {})
+    if details.get("differentially_private") is not True or rec["status"] == "failed":
+        return None
+    fault = dp_fault(rec["metrics"].get("epsilon"), details.get("dp"))
+    return f"its defense is differentially private but the record {fault}" if fault else None
 
 
 def _identity(rec: dict[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name
+from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name, scenario_config
 from bench.protocol.records import config_id
 from bench.run.inherit import base_data, inherit
 from bench.run.limits import Limits, check_count, check_depth, check_timeout, read_toml
@@ -47,7 +47,7 @@ class Cell:
     timeout_s: float | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
-        return {"scenario": dataclasses.asdict(self.scenario),
+        return {"scenario": scenario_config(self.scenario),
                 "defense": dataclasses.asdict(self.defense),
                 "attack": dataclasses.asdict(self.attack)}
 

@@ -55,6 +55,30 @@ def dp_sigma(epsilon: float, delta: float) -> float:
     return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
+def dp_accounting(epsilon: float, delta: float, clip: float) -> dict:
+    """Algorithm 2's guarantee for the one sensitivity vector each client sends, by two accountants: the paper's
+    Gaussian mechanism (Dwork & Roth 2014, Thm A.1: sigma = sqrt(2 ln(1.25/delta)) / epsilon gives (epsilon,
+    delta) for l2 sensitivity G, proven for epsilon < 1) and Opacus' RDP accountant for one release at the same
+    sigma (valid at every epsilon). `epsilon` is the smaller valid bound. Sensitivity G is Algorithm 2's reading;
+    between two datasets of one client the clipped vector can move by 2G, at half the noise multiplier."""
+    from bench.federation.accounting import RdpLedger
+
+    sigma = dp_sigma(epsilon, delta)
+    spent = {}
+    for name, multiplier in (("rdp", sigma), ("replace_one", sigma / 2)):
+        ledger = RdpLedger(multiplier, 1.0)
+        ledger.step()
+        spent[name] = ledger.epsilon(delta)
+    bound = min(spent["rdp"], epsilon) if epsilon < 1 else spent["rdp"]
+    return {"epsilon": bound, "dp": ledger.describe(delta, "fixed") | {
+        "accountant": "Gaussian mechanism (Dwork & Roth Thm A.1, valid for epsilon < 1) and opacus rdp, the smaller",
+        "sampling": "none: one release per client at setup", "adjacency": "the client's clipped sensitivity vector "
+        "within l2 distance G (Algorithm 2)", "noise_multiplier": sigma, "steps": 1, "delta": delta, "clip": clip,
+        "covers": "the sensitivity vector each client sends for clustering; model updates are not noised",
+        "epsilon_gaussian_mechanism": epsilon, "epsilon_rdp": spent["rdp"],
+        "epsilon_replace_one_rdp": spent["replace_one"]}}
+
+
 def dp_noise(gamma: np.ndarray, epsilon: float, delta: float, clip: float, rng: np.random.Generator) -> np.ndarray:
     """Algorithm 2, client side: clip to norm `clip`, add Gaussian noise of std sigma * clip per entry."""
     clipped = gamma / max(1.0, float(np.linalg.norm(gamma)) / clip)

@@ -41,6 +41,7 @@ from defenses.sensecrypt.clustering import (
     affinity_propagation,
     cluster_scores,
     distances,
+    dp_accounting,
     dp_noise,
     dp_sigma,
     merge_singletons,
@@ -96,6 +97,7 @@ class SenseCrypt(Defense):
                          ap_preference=ap_preference,
                          budget_scope=budget_scope, cluster_epochs=cluster_epochs, paillier_slice=paillier_slice)
         self.opt = dict(self.params)
+        self.differentially_private = dp_epsilon is not None   # Algorithm 2 noises the sensitivity vectors
 
     # -- Phase 1 -----------------------------------------------------------------------------------
     def setup(self, fed) -> None:
@@ -226,6 +228,8 @@ class SenseCrypt(Defense):
         # a cluster aggregate of one upload (a round that sampled one member) decrypts to that client's update
         out["single_upload_aggregates"] = sum(u["uploads"] == 1 for u in self.unions)
         out["cluster_count"] = len(set(self.labels))
+        if self.opt["dp_epsilon"] is not None:
+            out.update(dp_accounting(self.opt["dp_epsilon"], self.opt["dp_delta"], self.opt["dp_clip"]))
         flags = [m["feasible"] for m in self.masks]
         if flags:
             out["mask_feasible_fraction"] = float(np.mean(flags))
@@ -266,6 +270,8 @@ class SenseCrypt(Defense):
                                     "(dp_epsilon required, default 1.0)")
 class SenseCryptDP(SenseCrypt):
     """Its own name so a suite can sweep epsilon on one scenario: suites filter scenarios' defenses by name."""
+
+    differentially_private = True
 
     def __init__(self, **params) -> None:
         params.setdefault("dp_epsilon", 1.0)
