@@ -201,7 +201,7 @@ def test_a_reference_floor_first_or_an_undefended_row_that_did_not_run_calibrate
     row that did not run gives no verdict and says which row and why; no undefended row says that."""
     records = [rec("plain", "random-guess", label_acc=0.1), rec("plain", "ilrg", label_acc=1.0),
                rec("plain", "idlg", "failed", "RuntimeError: boom"), rec("mask", "dlg", psnr=30.0)]
-    cal = calibrate(records, INFO, attack_label)
+    cal = calibrate(records, attack_label)
     assert "random-guess" not in cal and cal["ilrg"].ok
     assert not cal["idlg"].ok and cal["idlg"].why == "its undefended row (plain) is failed"
     assert cal["dlg"] == Calibration(False, "no undefended row in this scenario to calibrate the attack against")
