@@ -157,8 +157,9 @@ def scenario_table(records: list[dict[str, Any]], info: dict[str, Any] | None = 
         for c in g.columns:
             c.index, c.tabs = index, g.tabs
             index += 1
+    added = set(info.get("added") or ())   # rows an extending suite adds to its base's evaluation
     rows = [_row(d, [r for r in records if defense_label(r) == d], all_groups, reported, families, schema, notes,
-                 cal, flat.get(d, "")) for d in dict.fromkeys(defense_label(r) for r in records)]
+                 cal, flat.get(d, "")) | {"added": d in added} for d in dict.fromkeys(defense_label(r) for r in records)]
     _rank(rows, strongest.columns[0] if strongest.columns else None)
     if sum(families[a] != "reference" for a in attacks) < 2:   # one attack: "by" would repeat its name in every cell
         for row in rows:

@@ -90,9 +90,13 @@ def test_an_extension_computes_only_its_cells_against_the_base_export(suites, tm
     store = Store(tmp_path / "out" / "leakbench.sqlite")
     try:
         copied = {r["cell_id"]: r for r in store.records() if r["defense"] != "gradient-pruning"}
+        write_outputs(store, tmp_path / "out")
     finally:
         store.close()
     assert {r["cell_id"]: r["metrics"] for r in records} == {k: r["metrics"] for k, r in copied.items()}
+    page = (tmp_path / "out" / "index.html").read_text()   # the added row is marked on its page, no other
+    marked = [row for row in page.split("<tr>") if 'class="added"' in row]
+    assert marked and all('<span class="nm">gradient-pruning</span>' in row for row in marked)
 
 
 @pytest.mark.parametrize("text, fault", [
