@@ -66,7 +66,8 @@ TEXT_ATTACKS = [
     ("dager", {}),
 ]
 CANARY_ATTACKS = [("audit-canary", {})]   # on canary trials (scenario canary = gradient / mislabeled)
-GRID_ATTACKS = IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS] + CANARY_ATTACKS
+ONE_RUN_ATTACKS = [("audit-one-run", {})]   # on one upload holding many canaries (scenario canary = one-run)
+GRID_ATTACKS = IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS] + CANARY_ATTACKS + ONE_RUN_ATTACKS
 MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary data for the mia-* attacks
 
 
@@ -96,11 +97,12 @@ def test_defense_runs_against_every_text_attack(defense, data_root):
     _check(list(run_group(list(suite.cells), data_root)), TEXT_ATTACKS, defense)
 
 
-@pytest.mark.parametrize("canary", ["gradient", "mislabeled"])
+@pytest.mark.parametrize("canary", ["gradient", "mislabeled", "one-run"])
 @pytest.mark.parametrize("defense", [d for d in GRID_DEFENSES if d[0] not in LORA_ONLY],
                          ids=[d for d, _ in GRID_DEFENSES if d not in LORA_ONLY])
 def test_defense_runs_against_the_canary_audit(defense, canary):
-    suite = tiny_suite([defense], CANARY_ATTACKS, model="mlp-tiny", attack_batch_size=2, attack_repeats=4,
-                       canary=canary)
+    attacks, setting = (ONE_RUN_ATTACKS, {"canaries": 64}) if canary == "one-run" else (CANARY_ATTACKS,
+                                                                                         {"attack_repeats": 4})
+    suite = tiny_suite([defense], attacks, model="mlp-tiny", attack_batch_size=2, canary=canary, **setting)
     preflight(suite, None)
-    _check(list(run_group(list(suite.cells), None)), CANARY_ATTACKS, defense)
+    _check(list(run_group(list(suite.cells), None)), attacks, defense)

@@ -157,12 +157,15 @@ def load(knowledge, params: dict[str, torch.Tensor]) -> torch.nn.Module:
 @dataclass(frozen=True)
 class Canary:
     """What an auditor plants and therefore knows: a gradient canary (an update direction the canary client
-    uploads, or not) or a mislabeled record the attacked batch holds, or not (bench/federation/canary.py)."""
+    uploads, or not), a mislabeled record the attacked batch holds, or not, or a one-run audit's many gradient
+    canaries, each on its own entries (bench/federation/canary.py)."""
 
-    kind: str                                  # gradient | mislabeled
-    update: dict[str, torch.Tensor] | None = None
+    kind: str                                  # gradient | mislabeled | one-run
+    update: dict[str, torch.Tensor] | None = None   # one-run: every canary's values, each on the entries it owns
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
+    owner: dict[str, torch.Tensor] | None = None    # one-run: which canary (0 .. count - 1) each entry belongs to
+    count: int = 1
 
 
 def hidden_leak_free(view: ServerView) -> bool:
