@@ -18,17 +18,20 @@ counts cannot support one. The largest reportable bound grows with the trials (a
 for n per class at 95 %), so a plaintext upload reads "large" only up to what the count allows.
 
 One run (Steinke, Nasr and Jagielski, NeurIPS 2023): m canaries in one upload, each in by its own fair coin
-(bench/federation/canary.py). The auditor guesses "in" for the k highest scores and "out" for the k lowest and
-abstains on the rest (their Algorithm 1, k+ = k- = k); a canary hidden from the server has no score and is
-never guessed. With r guesses of which v are right, an (eps, delta)-DP upload gives (their Theorem 3, q =
-e^eps / (1 + e^eps), f(u) = P[Binomial(r, q) >= u])
+(bench/federation/canary.py). The auditor guesses "in" for the highest scores and "out" for the lowest and
+abstains on the rest (their Algorithm 1); a canary hidden from the server has no score and is never guessed.
+Which side a guess falls on is read from the scores alone: the split of the two-cluster (Otsu) threshold t,
+the r most confident being the r farthest from t (a function of the view only, as the theorem allows; with a
+fixed k+ = k- a separable upload whose coins did not split evenly would be forced into errors). With r guesses
+of which v are right, an (eps, delta)-DP upload gives (their Theorem 3, q = e^eps / (1 + e^eps),
+f(u) = P[Binomial(r, q) >= u])
 
     P[v correct] <= f(v) + 2 m delta max_{i = 1..v} (f(v - i) - f(v)) / i,
 
-and the bound is the largest eps whose p-value stays at or below the level. k runs over a grid fixed by m
-alone (1, 2, 4, ... up to m / 2, and m / 2), each at level ALPHA / (grid size) (Bonferroni), so the
-reported maximum holds at 95 %. Audited epsilon of canary trials and of one run are separate metrics; each
-applies to its own evidence only.
+and the bound is the largest eps whose p-value stays at or below the level. r runs over a grid fixed by m
+alone (2, 4, 8, ... up to m, and m), each at level ALPHA / (grid size) (Bonferroni), so the reported maximum
+holds at 95 %. Audited epsilon of canary trials and of one run are separate metrics; each applies to its own
+evidence only.
 """
 from __future__ import annotations
 
@@ -148,9 +151,22 @@ def one_run_bound(m: int, r: int, v: int, delta: float, level: float = ALPHA, to
 
 
 def guess_grid(m: int) -> list[int]:
-    """Guesses per side tried: 1, 2, 4, ... up to m / 2, and m / 2; fixed by the number of canaries alone."""
-    grid = [1 << j for j in range(max(m // 2, 1).bit_length()) if (1 << j) <= m // 2]
-    return sorted(set(grid + [max(m // 2, 1)]))
+    """Guesses tried: 2, 4, 8, ... up to m, and m; fixed by the number of canaries alone."""
+    return sorted({1 << j for j in range(1, m.bit_length()) if (1 << j) <= m} | {m})
+
+
+def split(scores: np.ndarray) -> float:
+    """The two-cluster threshold of 1-d scores (Otsu: the cut maximizing the between-cluster variance), midway
+    between the neighbours it separates."""
+    s = np.sort(scores)
+    n = len(s)
+    if n < 2 or s[0] == s[-1]:
+        return float(s[0]) if n else 0.0
+    left = np.cumsum(s)[:-1]
+    size = np.arange(1, n)
+    between = size * (n - size) * (left / size - (s.sum() - left) / (n - size)) ** 2
+    cut = int(np.argmax(between))
+    return float((s[cut] + s[cut + 1]) / 2)
 
 
 def one_run_audit(scores, labels, delta: float) -> dict:
@@ -159,18 +175,20 @@ def one_run_audit(scores, labels, delta: float) -> dict:
     y = np.asarray(labels, dtype=np.int64).reshape(-1)
     m, grid = len(s), guess_grid(len(s))
     seen = np.flatnonzero(~np.isnan(s))
-    order = seen[np.argsort(s[seen], kind="stable")]      # lowest first; hidden canaries abstain
+    t = split(s[seen])
+    order = seen[np.argsort(-np.abs(s[seen] - t), kind="stable")]   # most confident first; hidden abstain
+    right = (s[order] > t) == (y[order] == 1)
     level = ALPHA / len(grid)
     out = {"method": "one run (Steinke et al. 2023)", "confidence": 1.0 - ALPHA, "delta": delta, "canaries": m,
-           "scored": int(len(seen)), "level_per_k": level, "grid": grid, "bound": 0.0, "guesses": 0, "correct": 0}
-    for k in grid:
-        if 2 * k > len(order):
+           "scored": int(len(seen)), "threshold": t, "level_per_r": level, "grid": grid, "bound": 0.0,
+           "guesses": 0, "correct": 0}
+    for r in grid:
+        if r > len(order):
             break
-        low, high = order[:k], order[len(order) - k:]
-        v = int((y[high] == 1).sum() + (y[low] == 0).sum())
-        bound = one_run_bound(m, 2 * k, v, delta, level)
+        v = int(right[:r].sum())
+        bound = one_run_bound(m, r, v, delta, level)
         if bound > out["bound"]:
-            out |= {"bound": bound, "guesses": 2 * k, "correct": v, "k": k}
+            out |= {"bound": bound, "guesses": r, "correct": v}
     return out
 
 
@@ -183,7 +201,8 @@ def _one_run_audit(ev: Evidence) -> dict | None:
 
 @metric("one_run_epsilon", "", True, "privacy",
         "empirical lower bound on epsilon at the scenario's delta from one upload holding many canaries (Steinke, "
-        "Nasr, Jagielski 2023, Theorem 3; k highest guessed in, k lowest out, k over a fixed grid, Bonferroni, 95 %)",
+        "Nasr, Jagielski 2023, Theorem 3; the r scores farthest from the two-cluster split guessed, r over a fixed "
+        "grid, Bonferroni, 95 %)",
         fmt="{:.2f}", display="audited ε, one run (lower bound)",
         details=lambda ev: {"one_run_audit": _one_run_audit(ev)} if _one_run_audit(ev) is not None else {})
 def one_run_epsilon(ev: Evidence):
