@@ -31,7 +31,8 @@ GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
 FEDAVG = " · FedAvg update"   # a column of an attack on a local-training delta beside its FedSGD column
 TRAINED = " · trained model"  # a column of an attack on the trained model beside its round-0 column
 STAGES = ("round 0", "trained")
-HEADLINE = ("psnr", "lpips", "rouge1", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "label_acc", "lnacc", "leacc")
+HEADLINE = ("psnr", "lpips", "rouge1", "exact_match", "token_f1", "mia_auroc", "mia_tpr_at_1fpr", "label_acc", "lnacc",
+            "leacc")
 FAMILY_HEADLINE = {"audit": ("audited_epsilon", "one_run_epsilon"),   # the audit column's headline is its epsilon
                    "image" + MALICIOUS: ("images_recovered",)}
 HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")

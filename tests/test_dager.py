@@ -111,6 +111,22 @@ def test_decoder_matching_and_rouge_metrics(data_root):
     assert token_acc(ev) == pytest.approx(6 / 7)   # 'a gripping film' is 4 BPE tokens: 3 of 4, then 3 of 3
 
 
+def test_token_set_metrics_by_hand():
+    """The batch [5, 6, 6, 7] and [7, 8] (0 pads, a special token): {6, 7, 8, 9} recovered is 3 right of 4 (9 is
+    not in the batch) of the 4 distinct (5 missed); against the 6 tokens with counts the bag overlaps in 3."""
+    from metrics.text import bag_rouge1, token_f1, token_precision, token_recall
+
+    class K:
+        tokenizer = type("Tok", (), {"all_special_ids": [0]})()
+
+    class T:
+        x = torch.tensor([[5, 6, 6, 7], [7, 8, 0, 0]])
+    ev = Evidence(Reconstruction(extra={"tokens": [6, 7, 8, 9, 0]}), T(), None, K())
+    assert token_precision(ev) == 0.75 and token_recall(ev) == 0.75 and token_f1(ev) == 0.75
+    assert bag_rouge1(ev) == pytest.approx(2 * 0.75 * 0.5 / 1.25)
+    assert token_f1(Evidence(Reconstruction(texts=["a"]), T(), None, K())) is None   # no token set: no score
+
+
 def test_gpt2_fedsgd_batch_is_recovered_exactly(data_root):
     suite = _suite("sst2-cls", "gpt2", {"n_embd": 128, "n_head": 4})
     [rec] = _run(suite, data_root)
