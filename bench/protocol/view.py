@@ -97,6 +97,10 @@ class Knowledge:
     public_x: torch.Tensor | None = field(default=None, repr=False)   # public inputs of the task's distribution
     # (held-out images), given only to a malicious-model attack's modify_model to tune what it sends
     local_batch_size: int | None = None        # the clients' local mini-batch size (FedAvg: the server sets it)
+    # values the server computed itself from the public parts of the aggregates it built, for global entries it
+    # does not know (Defense.server_estimate, e.g. SHE-LoRA's plaintext columns of Delta W): an estimate, not the
+    # weights the client started from
+    estimate: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def knows_global_model(self) -> bool:
         return all(not torch.isnan(p).any() for p in self.global_params.values())
