@@ -217,19 +217,22 @@ def _lora_upload_run(data_root, defense, rounds=1, lora_r=96, path="auto"):
 
 @pytest.mark.parametrize("defense,rounds,expect", [("flex-lora", 1, "ok"), ("she-lora(budget=0.05)", 1, "ok"),
                                                    ("she-lora(budget=0.05, init=server)", 1, "ok"),
-                                                   ("plaintext", 2, "ok"), ("she-lora(budget=0.05)", 2, "blocked")])
+                                                   ("plaintext", 2, "ok"), ("she-lora(budget=0.05)", 2, "tokens")])
 def test_lora_factor_uploads(data_root, defense, rounds, expect):
     """Uploads of trained factors (uploads_weights): the attacker subtracts the global weights it sent. In the
     first round she-lora's plaintext B, A's plaintext columns in the upload (the client drew A0, B0 = 0 left A
     at it) and the 6 hidden columns solved for give DAGER everything; under init = server the server drew A0
     itself. After one aggregation the clients' factors come from decrypted columns, so the server no longer
-    knows the global weights. Plaintext LoRA in its second round (B != 0) is read through grad A."""
-    rec = _lora_upload_run(data_root, defense, rounds)
-    assert rec["status"] == expect, rec["reason"]
+    knows the global weights: DAGER reads the batch's token set alone (attacks/dager/tokens.py), no sentence.
+    Plaintext LoRA in its second round (B != 0) is read through grad A. The token set needs the complement of
+    the start's row space (n - r columns) wider than DAGER's rank cutoff: r = 32 there, not 96, of n = 128."""
+    rec = _lora_upload_run(data_root, defense, rounds, lora_r=32 if expect == "tokens" else 96)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["metrics"]["token_f1"] == 1.0   # every row reads the batch's token set
     if expect == "ok":
         assert rec["metrics"]["rouge1"] >= 0.99
     else:
-        assert "global weights" in rec["reason"]
+        assert "rouge1" not in rec["metrics"]
     info = (rec["details"].get("attack_info") or [{}])[0]
     if defense == "she-lora(budget=0.05)" and rounds == 1:   # 6 of 128 columns hidden per matrix, solved
         assert info["hidden_columns_l1"] == info["hidden_columns_l2"] == 6

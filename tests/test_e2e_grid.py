@@ -106,3 +106,21 @@ def test_defense_runs_against_the_canary_audit(defense, canary):
     suite = tiny_suite([defense], attacks, model="mlp-tiny", attack_batch_size=2, canary=canary, **setting)
     preflight(suite, None)
     _check(list(run_group(list(suite.cells), None)), attacks, defense)
+
+
+# LoRA uploads after a round the clients decrypt: the server knows neither factor a client starts from, so DAGER
+# reads the token set on grad A (attacks/dager/tokens.py) and grad B's path is blocked; r = 64 > the batch's tokens.
+ROUND2 = TEXT | {"model_params": {"n_embd": 128, "n_layer": 2, "n_head": 2, "lora_r": 64}, "num_clients": 1,
+                 "clients_per_round": 1, "rounds": 2, "attack_round": 1, "max_train": 16, "max_test": 8}
+
+
+def test_dager_reads_the_token_set_of_a_second_round_she_lora_upload(data_root):
+    attacks = [("dager", {"lora_path": "factor-a"}), ("dager", {"lora_path": "factor-b"})]
+    suite = tiny_suite([("she-lora", {"budget": 0.05})], attacks, attack_batch_size=2, **ROUND2)
+    preflight(suite, data_root)
+    tokens, grad_b = run_group(list(suite.cells), data_root)
+    assert tokens["status"] == "ok" and "rouge1" not in tokens["metrics"]   # a set of tokens, no sentences
+    # the last token of each sentence predicts padding, so no loss reaches it: 5 of the batch's 7 tokens train
+    assert tokens["metrics"]["token_precision"] == 1.0 and tokens["metrics"]["token_recall"] == pytest.approx(5 / 7)
+    assert {i["stage"] for i in tokens["details"]["attack_info"]} == {"token set"}
+    assert grad_b["status"] == "blocked" and "column space" in grad_b["reason"]
