@@ -31,8 +31,9 @@ GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
 FEDAVG = " · FedAvg update"   # a column of an attack on a local-training delta beside its FedSGD column
 TRAINED = " · trained model"  # a column of an attack on the trained model beside its round-0 column
 STAGES = ("round 0", "trained")
-HEADLINE = ("psnr", "lpips", "rouge1", "exact_match", "mia_auroc", "mia_tpr_at_1fpr", "label_acc", "lnacc", "leacc")
-FAMILY_HEADLINE = {"audit": ("audited_epsilon",),   # the audit column's headline is its epsilon
+HEADLINE = ("psnr", "lpips", "rouge1", "exact_match", "token_f1", "mia_auroc", "mia_tpr_at_1fpr", "label_acc", "lnacc",
+            "leacc")
+FAMILY_HEADLINE = {"audit": ("audited_epsilon", "one_run_epsilon"),   # the audit column's headline is its epsilon
                    "image" + MALICIOUS: ("images_recovered",)}
 HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")
 
@@ -46,6 +47,8 @@ def headline(recs: list[dict[str, Any]], fam: str) -> str | None:
 def _support(rec: dict[str, Any], fam: str, key: str | None) -> str:
     """What the value rests on: attacked uploads, or the membership candidates / canary trials scored."""
     details = rec["details"]
+    if is_number((details.get("one_run_audit") or {}).get("canaries")):
+        return f"{details['one_run_audit']['canaries']:.0f} canaries in one upload"
     if is_number(details.get("n_nonmembers")):
         members = details.get("n_members")
         return (f"{members:.0f} members, " if is_number(members) else "") + f"{details['n_nonmembers']:.0f} non-members"

@@ -25,6 +25,8 @@ Text (recovered sentences matched to the batch's as the metrics match them):
   (exact match > 0) or ROUGE-1 >= 0.5. DAGER (Petrov et al., NeurIPS 2024) and LAMP (Balunovic et al.,
   NeurIPS 2022) report ROUGE-1/2 F-measures; unrelated sentences of one corpus share function words, so
   ROUGE-1 of a failed attack is not 0 (0.06-0.36 on this benchmark's failed DAGER cells).
+  A token set without its order (DAGER's first stage) is at most partly recovered: token F1 >= 0.5; it reveals
+  which words a client typed, not what it wrote.
 Membership:
 - exposed at TPR >= 10% at 1% FPR (ten times chance) or AUROC >= 0.75; a signal at TPR >= 5% at 1% FPR
   or AUROC >= 0.6; near chance otherwise. Carlini et al. ("Membership Inference Attacks From First
@@ -41,6 +43,7 @@ Labels:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +73,7 @@ BANDS: dict[str, Band] = {
     "lpips": Band(0.1, 0.3, IMAGE),
     "exact_match": Band(0.5, 1e-9, TEXT),
     "rouge1": Band(0.9, 0.5, TEXT),
+    "token_f1": Band(math.inf, 0.5, TEXT),   # no order: never "recovered"
     "mia_auroc": Band(0.75, 0.6, MEMBERSHIP, fold=0.5, chance=0.5),
     "mia_tpr_at_1fpr": Band(0.1, 0.05, MEMBERSHIP, support=("n_nonmembers", 100)),
     "lnacc": Band(0.999, None, LABELS),

@@ -9,6 +9,12 @@ every batch; we report the plain mean over sentences (deterministic). The runner
 per-batch means, which equals the pooled mean because every attacked batch has the same
 size. Special tokens ([CLS], [SEP], padding) are dropped from both sides before scoring,
 so they cannot inflate ROUGE.
+
+Token set: DAGER's first stage reads which tokens a batch holds without their order (the whole reconstruction where
+the second stage cannot run; attacks/dager/tokens.py). An attack that reports it (Reconstruction.extra "tokens",
+ids) is scored on it as such: precision, recall and F1 of the recovered ids against the batch's distinct tokens,
+and ROUGE-1 of the bag, each recovered token once, against the batch's tokens with their counts (unigram counts
+clipped, on the model's token ids), special tokens removed from both.
 """
 from __future__ import annotations
 
@@ -104,3 +110,45 @@ def token_acc(ev: Evidence):
         hit += sum(a == b for a, b in zip(rid, pid))
         total += len(rid)
     return hit / max(total, 1)
+
+
+def _token_sets(ev: Evidence) -> tuple[list[int], list[int]] | None:
+    """(recovered token ids, the batch's token ids with their counts), special tokens removed; None without a set."""
+    rec = ev.reconstruction
+    if rec is None or "tokens" not in rec.extra or ev.truth is None or ev.knowledge is None:
+        return None
+    special = set(getattr(ev.knowledge.tokenizer, "all_special_ids", []))
+    found = sorted({int(t) for t in rec.extra["tokens"]} - special)
+    return found, [t for row in reference_ids(ev) for t in row]
+
+
+def _token_scores(ev: Evidence) -> dict[str, float] | None:
+    sets = _token_sets(ev)
+    if sets is None:
+        return None
+    found, batch = sets
+    truth = set(batch)
+    hit = len(truth.intersection(found))
+    precision, recall = hit / max(len(found), 1), hit / max(len(truth), 1)
+    overlap = sum(1 for t in found if t in truth)      # each recovered token once against its count in the batch
+    p_bag, r_bag = overlap / max(len(found), 1), overlap / max(len(batch), 1)
+    f1 = lambda p, r: 2 * p * r / (p + r) if p + r else 0.0   # noqa: E731
+    return {"token_precision": precision, "token_recall": recall, "token_f1": f1(precision, recall),
+            "bag_rouge1": f1(p_bag, r_bag)}
+
+
+def _token_metric(name: str, description: str, display: str):
+    def compute(ev: Evidence):
+        scores = _token_scores(ev)
+        return None if scores is None else scores[name]
+    return metric(name, "", True, "privacy", description, display=display)(compute)
+
+
+token_precision = _token_metric("token_precision", "fraction of the recovered token set that the batch holds "
+                                "(a set without order, as DAGER's first stage reads it)", "token precision")
+token_recall = _token_metric("token_recall", "fraction of the batch's distinct tokens recovered (a set without "
+                             "order, as DAGER's first stage reads it)", "token recall")
+token_f1 = _token_metric("token_f1", "F1 of the recovered token set against the batch's distinct tokens (a set "
+                         "without order, as DAGER's first stage reads it)", "token F1")
+bag_rouge1 = _token_metric("bag_rouge1", "ROUGE-1 F of the recovered token set, each token once, against the "
+                           "batch's tokens with their counts (on the model's token ids)", "bag ROUGE-1")

@@ -111,6 +111,22 @@ def test_decoder_matching_and_rouge_metrics(data_root):
     assert token_acc(ev) == pytest.approx(6 / 7)   # 'a gripping film' is 4 BPE tokens: 3 of 4, then 3 of 3
 
 
+def test_token_set_metrics_by_hand():
+    """The batch [5, 6, 6, 7] and [7, 8] (0 pads, a special token): {6, 7, 8, 9} recovered is 3 right of 4 (9 is
+    not in the batch) of the 4 distinct (5 missed); against the 6 tokens with counts the bag overlaps in 3."""
+    from metrics.text import bag_rouge1, token_f1, token_precision, token_recall
+
+    class K:
+        tokenizer = type("Tok", (), {"all_special_ids": [0]})()
+
+    class T:
+        x = torch.tensor([[5, 6, 6, 7], [7, 8, 0, 0]])
+    ev = Evidence(Reconstruction(extra={"tokens": [6, 7, 8, 9, 0]}), T(), None, K())
+    assert token_precision(ev) == 0.75 and token_recall(ev) == 0.75 and token_f1(ev) == 0.75
+    assert bag_rouge1(ev) == pytest.approx(2 * 0.75 * 0.5 / 1.25)
+    assert token_f1(Evidence(Reconstruction(texts=["a"]), T(), None, K())) is None   # no token set: no score
+
+
 def test_gpt2_fedsgd_batch_is_recovered_exactly(data_root):
     suite = _suite("sst2-cls", "gpt2", {"n_embd": 128, "n_head": 4})
     [rec] = _run(suite, data_root)
@@ -201,19 +217,22 @@ def _lora_upload_run(data_root, defense, rounds=1, lora_r=96, path="auto"):
 
 @pytest.mark.parametrize("defense,rounds,expect", [("flex-lora", 1, "ok"), ("she-lora(budget=0.05)", 1, "ok"),
                                                    ("she-lora(budget=0.05, init=server)", 1, "ok"),
-                                                   ("plaintext", 2, "ok"), ("she-lora(budget=0.05)", 2, "blocked")])
+                                                   ("plaintext", 2, "ok"), ("she-lora(budget=0.05)", 2, "tokens")])
 def test_lora_factor_uploads(data_root, defense, rounds, expect):
     """Uploads of trained factors (uploads_weights): the attacker subtracts the global weights it sent. In the
     first round she-lora's plaintext B, A's plaintext columns in the upload (the client drew A0, B0 = 0 left A
     at it) and the 6 hidden columns solved for give DAGER everything; under init = server the server drew A0
     itself. After one aggregation the clients' factors come from decrypted columns, so the server no longer
-    knows the global weights. Plaintext LoRA in its second round (B != 0) is read through grad A."""
-    rec = _lora_upload_run(data_root, defense, rounds)
-    assert rec["status"] == expect, rec["reason"]
+    knows the global weights: DAGER reads the batch's token set alone (attacks/dager/tokens.py), no sentence.
+    Plaintext LoRA in its second round (B != 0) is read through grad A. The token set needs the complement of
+    the start's row space (n - r columns) wider than DAGER's rank cutoff: r = 32 there, not 96, of n = 128."""
+    rec = _lora_upload_run(data_root, defense, rounds, lora_r=32 if expect == "tokens" else 96)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["metrics"]["token_f1"] == 1.0   # every row reads the batch's token set
     if expect == "ok":
         assert rec["metrics"]["rouge1"] >= 0.99
     else:
-        assert "global weights" in rec["reason"]
+        assert "rouge1" not in rec["metrics"]
     info = (rec["details"].get("attack_info") or [{}])[0]
     if defense == "she-lora(budget=0.05)" and rounds == 1:   # 6 of 128 columns hidden per matrix, solved
         assert info["hidden_columns_l1"] == info["hidden_columns_l2"] == 6

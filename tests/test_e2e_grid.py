@@ -66,7 +66,8 @@ TEXT_ATTACKS = [
     ("dager", {}),
 ]
 CANARY_ATTACKS = [("audit-canary", {})]   # on canary trials (scenario canary = gradient / mislabeled)
-GRID_ATTACKS = IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS] + CANARY_ATTACKS
+ONE_RUN_ATTACKS = [("audit-one-run", {})]   # on one upload holding many canaries (scenario canary = one-run)
+GRID_ATTACKS = IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS] + CANARY_ATTACKS + ONE_RUN_ATTACKS
 MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary data for the mia-* attacks
 
 
@@ -96,11 +97,30 @@ def test_defense_runs_against_every_text_attack(defense, data_root):
     _check(list(run_group(list(suite.cells), data_root)), TEXT_ATTACKS, defense)
 
 
-@pytest.mark.parametrize("canary", ["gradient", "mislabeled"])
+@pytest.mark.parametrize("canary", ["gradient", "mislabeled", "one-run"])
 @pytest.mark.parametrize("defense", [d for d in GRID_DEFENSES if d[0] not in LORA_ONLY],
                          ids=[d for d, _ in GRID_DEFENSES if d not in LORA_ONLY])
 def test_defense_runs_against_the_canary_audit(defense, canary):
-    suite = tiny_suite([defense], CANARY_ATTACKS, model="mlp-tiny", attack_batch_size=2, attack_repeats=4,
-                       canary=canary)
+    attacks, setting = (ONE_RUN_ATTACKS, {"canaries": 64}) if canary == "one-run" else (CANARY_ATTACKS,
+                                                                                         {"attack_repeats": 4})
+    suite = tiny_suite([defense], attacks, model="mlp-tiny", attack_batch_size=2, canary=canary, **setting)
     preflight(suite, None)
-    _check(list(run_group(list(suite.cells), None)), CANARY_ATTACKS, defense)
+    _check(list(run_group(list(suite.cells), None)), attacks, defense)
+
+
+# LoRA uploads after a round the clients decrypt: the server knows neither factor a client starts from, so DAGER
+# reads the token set on grad A (attacks/dager/tokens.py) and grad B's path is blocked; r = 64 > the batch's tokens.
+ROUND2 = TEXT | {"model_params": {"n_embd": 128, "n_layer": 2, "n_head": 2, "lora_r": 64}, "num_clients": 1,
+                 "clients_per_round": 1, "rounds": 2, "attack_round": 1, "max_train": 16, "max_test": 8}
+
+
+def test_dager_reads_the_token_set_of_a_second_round_she_lora_upload(data_root):
+    attacks = [("dager", {"lora_path": "factor-a"}), ("dager", {"lora_path": "factor-b"})]
+    suite = tiny_suite([("she-lora", {"budget": 0.05})], attacks, attack_batch_size=2, **ROUND2)
+    preflight(suite, data_root)
+    tokens, grad_b = run_group(list(suite.cells), data_root)
+    assert tokens["status"] == "ok" and "rouge1" not in tokens["metrics"]   # a set of tokens, no sentences
+    # the last token of each sentence predicts padding, so no loss reaches it: 5 of the batch's 7 tokens train
+    assert tokens["metrics"]["token_precision"] == 1.0 and tokens["metrics"]["token_recall"] == pytest.approx(5 / 7)
+    assert {i["stage"] for i in tokens["details"]["attack_info"]} == {"token set"}
+    assert grad_b["status"] == "blocked" and "column space" in grad_b["reason"]

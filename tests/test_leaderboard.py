@@ -150,6 +150,8 @@ def test_verdict_bands_read_absolute_values():
     assert band("mia_tpr_at_1fpr", 0.125, True, {"n_nonmembers": 24}) is None  # TPR at 0% FPR: no opinion
     assert band("lnacc", 0.8, True) is None and band("lnacc", 1.0, True).level == "leak"
     assert band("kde_mi", 3.0, True) is None
+    assert band("token_f1", 1.0, True).text == "text partly recovered"        # a set without order: never more
+    assert band("token_f1", 0.3, True).level == "resisted"
     # rank 1 of a table can still be "image recovered": the verdict is absolute
     table = scenario_table([rec("paillier", "idlg", psnr=70.66, ssim=1.0), rec("plain", "idlg", psnr=90.0, ssim=1.0)])
     first = table["rows"][0]

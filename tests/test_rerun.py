@@ -211,7 +211,7 @@ def test_records_of_an_older_scenario_schema_are_kept_as_todays_cells(tmp_path):
     finally:
         store.close()
     old = json.loads(json.dumps(rec))
-    for name in ("canary", "canary_norm"):
+    for name in ("canary", "canary_norm", "canaries"):
         del old["config"]["scenario"][name]
     old["config"]["scenario"]["mia_size"] = 0
     old["cell_id"] = config_id(old["config"])

@@ -24,7 +24,7 @@ from bench.protocol.view import Knowledge, ServerView, load
 from bench.registry import ATTACKS
 
 
-def _update_estimate(view: ServerView, knowledge: Knowledge, name: str) -> torch.Tensor:
+def update_estimate(view: ServerView, knowledge: Knowledge, name: str) -> torch.Tensor:
     """The update as the server reads it; when uploads carry weights, NaN where it does not know the start
     (a client-drawn LoRA A): taking that start as 0 would score the start as part of the update."""
     seen = view.values[name].double()
@@ -42,6 +42,8 @@ class AuditCanary(Attack):
     def applicable(self, setting: Setting) -> str | None:
         if setting.canary == "none":
             return "needs canary trials; set the scenario's canary to gradient or mislabeled and attack_repeats >= 40"
+        if setting.canary == "one-run":
+            return "the scenario plants many canaries in one upload, not one per trial; audit it with audit-one-run"
         if setting.canary == "mislabeled" and setting.knowledge.task != "classification":
             return f"a mislabeled canary needs a classification task, this scenario is {setting.knowledge.task}"
         return None
@@ -67,7 +69,7 @@ class AuditCanary(Attack):
     def _projection(view: ServerView, knowledge: Knowledge) -> float:
         dot, norm = 0.0, 0.0
         for name, direction in knowledge.canary.update.items():
-            update = _update_estimate(view, knowledge, name)
+            update = update_estimate(view, knowledge, name)
             seen = view.visible[name] & ~torch.isnan(update)
             c = direction.double()[seen]
             dot += float((update[seen] * c).sum())
@@ -81,7 +83,7 @@ class AuditCanary(Attack):
         model.zero_grad()
         torch.nn.functional.cross_entropy(model(canary.x), canary.y).backward()
         params = dict(model.named_parameters())
-        updates = {n: _update_estimate(view, knowledge, n) for n in view.values if n in params}
+        updates = {n: update_estimate(view, knowledge, n) for n in view.values if n in params}
         seen = {n: view.visible[n] & ~torch.isnan(u) for n, u in updates.items()}
         names = [n for n in updates if params[n].grad is not None and bool(seen[n].any())]
         if not names:

@@ -42,9 +42,17 @@ the start B is 0, the plaintext columns of the uploaded A; the columns hidden in
 on per layer, 0 when it could not be confirmed). The two factor paths give the two readings of an attack
 on LoRA that SHE-LoRA's evaluation distinguishes (leaderboards/suites/she-lora-paper.toml).
 
+Where the server does not know the weights the client started from (beyond a LoRA A beside a zero B: SHE-LoRA
+after its first upload), the second stage, which orders tokens through layer 1, cannot run; the first can, on
+grad A: attacks/dager/tokens.py reads the set of tokens from the upload's plaintext columns of layer 0's A and
+the row space the server's own plaintext sum gives its start (`token_span_thresh`, 0.05 by default). Such a
+reconstruction holds no sentences, only the set (extra "tokens"), scored by the token metrics of
+metrics/text.py; every DAGER run reports its layer-1 set there too.
+
 Blocked by design when the view is empty, the model is not a GPT-2, BERT or LLaMA layout, the
 first two layers' projection gradients are entirely hidden, the server does not know the weights
-the client started from (beyond a LoRA A beside a zero B), or the path's factor A is wholly unknown.
+the client started from and cannot read even the token set (grad B's path, no estimate of the start A, layer 0's
+inputs through unknown weights), or the path's factor A is wholly unknown.
 """
 from __future__ import annotations
 
@@ -53,6 +61,7 @@ import time
 import torch
 
 from attacks.dager import hidden as dager_hidden
+from attacks.dager import tokens as dager_tokens
 from attacks.dager.arch import Arch
 from attacks.dager.noise import noisy_decoder_search, noisy_layer1_tokens
 from attacks.dager.decoder import decoder_search
@@ -62,7 +71,7 @@ from attacks.dager.span import make_span, rank_of, spectrum
 from bench.models import torch_device
 from bench.protocol.attack import Attack, Reconstruction, Setting
 from bench.protocol.evidence import Evidence, metric
-from bench.protocol.view import Knowledge, ServerView
+from bench.protocol.view import Knowledge, ServerView, load
 from bench.registry import ATTACKS
 
 LORA_PATHS = ("auto", "factor-a", "factor-b")
@@ -105,9 +114,10 @@ class Dager(Attack):
     def __init__(self, rank_tol: float | None = None, rank_cutoff: int = 20, l1_span_thresh: float = 1e-5,
                  l2_span_thresh: float = 1e-3, distinct_thresh: float = 0.7, max_combinations: int = 4096,
                  fedavg_extra_rank: int = 60, noise_filter: bool = False, std_thresh: float = 5.0,
-                 device: str = "cpu", lora_path: str = "auto") -> None:
-        if l1_span_thresh <= 0 or l2_span_thresh <= 0:
-            raise ValueError("l1_span_thresh and l2_span_thresh must be > 0")
+                 device: str = "cpu", lora_path: str = "auto",
+                 token_span_thresh: float = dager_tokens.SPAN_THRESH) -> None:
+        if l1_span_thresh <= 0 or l2_span_thresh <= 0 or token_span_thresh <= 0:
+            raise ValueError("l1_span_thresh, l2_span_thresh and token_span_thresh must be > 0")
         if lora_path not in LORA_PATHS:
             raise ValueError(f"lora_path '{lora_path}' must be one of {', '.join(LORA_PATHS)}")
         if device not in ("cpu", "cuda"):
@@ -115,13 +125,15 @@ class Dager(Attack):
         super().__init__(rank_tol=rank_tol, rank_cutoff=rank_cutoff, l1_span_thresh=l1_span_thresh,
                          l2_span_thresh=l2_span_thresh, distinct_thresh=distinct_thresh,
                          max_combinations=max_combinations, fedavg_extra_rank=fedavg_extra_rank,
-                         noise_filter=noise_filter, std_thresh=std_thresh, device=device, lora_path=lora_path)
+                         noise_filter=noise_filter, std_thresh=std_thresh, device=device, lora_path=lora_path,
+                         token_span_thresh=token_span_thresh)
         self.rank_tol, self.rank_cutoff = rank_tol, rank_cutoff
         self.l1, self.l2, self.distinct = l1_span_thresh, l2_span_thresh, distinct_thresh
         self.max_combinations, self.fedavg_extra_rank = max_combinations, fedavg_extra_rank
         self.noise_filter, self.std_thresh = noise_filter, std_thresh
         self.pinned = device
         self.lora_path = lora_path
+        self.token_thresh = token_span_thresh
 
     def device(self, model: torch.nn.Module) -> str:
         """`device = "cuda"` pins the GPU where there is one; the default follows the run's --device."""
@@ -152,8 +164,12 @@ class Dager(Attack):
         if view.visible_fraction() == 0.0:
             return "the server view is empty: every entry is encrypted or kept local"
         start, reason = dager_hidden.start_weights(view, knowledge)
-        if reason:
-            return reason
+        if reason:   # the second stage cannot run; the first may (attacks/dager/tokens.py)
+            model = load(knowledge, knowledge.global_params)   # unknown entries stay NaN
+            arch = Arch(model, pad_id=-1)
+            if not bool(torch.isfinite(arch.layer1_candidates(0, slice(0, 8))).all()):
+                return f"{reason}, and layer 0's inputs pass through weights it does not know"
+            return dager_tokens.blocked(view, knowledge, arch.layers, self.lora_path, reason)
         layers = Arch(knowledge.build_model(), pad_id=-1).layers[:2]
         names = [n for p in layers for n in ((p.lora_a,) if self.lora_path == "factor-a" else p.grad_names)]
         if any(n not in view.visible for n in names):
@@ -174,9 +190,11 @@ class Dager(Attack):
     def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
         torch.manual_seed(seed)
         start = time.perf_counter()
+        weights, unknown = dager_hidden.start_weights(view, knowledge)
+        if unknown:
+            return self._token_set(view, knowledge)
         model = knowledge.build_model()
         state = dict(model.named_parameters()) | dict(model.named_buffers())
-        weights, _ = dager_hidden.start_weights(view, knowledge)
         with torch.no_grad():
             for name, value in weights.items():   # an unknown A sits beside a zero B: it does not act
                 state[name].copy_(torch.nan_to_num(value, nan=0.0))
@@ -187,8 +205,8 @@ class Dager(Attack):
         timings = {"span_s": time.perf_counter() - start}
         extra = {"matching": arch.kind, "rank": rank, "block_width": widths, "saturated": saturated}
         if spans is None:
-            return Reconstruction(texts=[""] * knowledge.batch_size, extra=extra | {"exact": 0, "passed_l2": 0} |
-                                  timings)
+            return Reconstruction(texts=[""] * knowledge.batch_size, extra=extra | {"exact": 0, "passed_l2": 0,
+                                                                                    "tokens": []} | timings)
         drop = arch.special_ids(tok)
         max_len = min(knowledge.input_shape[0], getattr(model, "max_positions", knowledge.input_shape[0]))
         t = time.perf_counter()
@@ -225,9 +243,28 @@ class Dager(Attack):
         texts += [""] * (knowledge.batch_size - len(texts))
         saturated = saturated or stopped is not None
         extra |= {"saturated": saturated, "saturated_at": stopped, "exact": 0 if saturated else n_exact,
-                  "passed_l2": n_exact,
+                  "passed_l2": n_exact, "tokens": sorted({t for ts in tokens for t in ts}),
                   "layer1_tokens": [len(t) for t in tokens]} | timings
+        lora_a = arch.layers[0].lora_a
+        if knowledge.uploads_weights and lora_a is not None and spans[0].transform is None:
+            # grad A as the difference of two float32 copies of A: its set as the token stage reads it (tokens.py)
+            extra["tokens"], _ = dager_tokens.token_set(view, weights[lora_a], arch, self.token_thresh,
+                                                        self.rank_cutoff, drop, max_len)
         return Reconstruction(texts=texts, extra=extra)
+
+    def _token_set(self, view: ServerView, knowledge: Knowledge) -> Reconstruction:
+        """The first stage alone, where the start weights are unknown (attacks/dager/tokens.py): no sentences."""
+        start = time.perf_counter()
+        model = load(knowledge, knowledge.global_params)   # layer 0's inputs need none of the unknown entries
+        model.to(self.device(model))
+        tok = knowledge.tokenizer
+        arch = Arch(model, int(tok.pad_token_id))
+        max_len = min(knowledge.input_shape[0], getattr(model, "max_positions", knowledge.input_shape[0]))
+        start_a = dager_tokens.start_a(knowledge, arch.layers[0].lora_a)
+        bag, info = dager_tokens.token_set(view, start_a, arch, self.token_thresh, self.rank_cutoff,
+                                           arch.special_ids(tok), max_len)
+        return Reconstruction(extra=info | {"matching": arch.kind, "tokens": bag,
+                                            "layer1_s": time.perf_counter() - start})
 
     def _spans(self, view: ServerView, knowledge: Knowledge, arch: Arch, state: dict, weights: dict | None = None):
         """Spans of layers 1 and 2 at the estimated rank, or None when a layer has no visible block; `weights`:

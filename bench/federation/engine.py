@@ -24,7 +24,7 @@ import torch
 
 from bench.crypto.params import OutOfRange
 from bench.federation import candidates
-from bench.federation.canary import coins, make_canary, trial_batch, trial_update
+from bench.federation.canary import coins, flip, make_canary, trial_batch, trial_update
 from bench.federation.client_devices import assign
 from bench.federation.costs import CostMeter
 from bench.federation.exchange import modified_targets
@@ -146,7 +146,7 @@ def _train(fed: Federation, defense: Defense, sampled: list[Client], round: int,
         flips = coins(fed)
         trained[client.name] = []
         for _ in range(sc.attack_repeats if attacked else 1):
-            included = bool(flips.integers(2)) if attacked and canary is not None else None
+            included = flip(canary, flips) if attacked and canary is not None else None
             if attacked:
                 idx = torch.randperm(client.num_samples, generator=gen)[:sc.attack_batch_size]
                 x, y, mode = client.x[idx], client.y[idx], sc.attack_update
@@ -176,7 +176,7 @@ def _upload(fed: Federation, defense: Defense, sampled: list[Client], trained, k
             if attacked:
                 told = y.tolist() if fed.scenario.labels_known else None
                 sent = fed.traffic.sent_in_clear(client.name, "server")
-                member = None if included is None else np.array([int(included)])
+                member = None if included is None else np.atleast_1d(np.asarray(included, dtype=int))
                 truth = Truth(x, y, update, client_y=client.y, member=member, trial=included is not None)
                 targets.append(Target(ServerView.of(upload, fed.shapes, sent), truth, replace(knowledge, labels=told)))
             if rep == 0:

@@ -4,6 +4,7 @@ encrypted fractions, and the defense's own run metrics)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -44,9 +45,10 @@ def setting(sc: Scenario, data, model: torch.nn.Module | None = None) -> Setting
 
 def server_view_knowledge(fed: Federation, known: dict[str, torch.Tensor], defense: Defense) -> Knowledge:
     params = fed.params()
-    return server_knowledge(fed.scenario, fed.data, fed.model,
-                            {n: torch.where(known[n], params[n], torch.nan) for n in fed.names}, fed.new_model,
-                            defense.uploads_weights)
+    knowledge = server_knowledge(fed.scenario, fed.data, fed.model,
+                                 {n: torch.where(known[n], params[n], torch.nan) for n in fed.names}, fed.new_model,
+                                 defense.uploads_weights)
+    return replace(knowledge, estimate=dict(defense.server_estimate(fed)))
 
 
 def encryption_breakdown(fed: Federation) -> dict[str, Any]:

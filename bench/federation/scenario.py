@@ -79,8 +79,12 @@ class Scenario:
     attack_repeats: int = 1           # independent attacked batches (e.g. 10 images for iDLG)
     labels_known: bool = False        # threat-model knob: the attacker is told the batch's labels
     canary: str = "none"              # audit trials (bench/federation/canary.py): each attacked repeat holds a
-                                      # canary or not, by a fair seeded coin: none | gradient | mislabeled
-    canary_norm: float = 10.0         # a gradient canary's update norm (above any clip, so a DP clip binds)
+                                      # canary or not, by a fair seeded coin: none | gradient | mislabeled; or
+                                      # one-run: `canaries` gradient canaries in the one attacked upload, each
+                                      # in or out by its own coin
+    canary_norm: float = 10.0         # a gradient canary's update norm (above any clip, so a DP clip binds);
+                                      # one-run: the norm of all its canaries together
+    canaries: int = 1000              # one-run: how many canaries the attacked upload holds
     # membership inference (bench/federation/candidates.py): candidates and the attacker's auxiliary data
     mia_size: int | None = None       # members and as many held-out non-members; unset: membership attacks get
                                       # bench/federation/candidates.py's default pool (500, bounded by the data); 0: none
@@ -107,9 +111,10 @@ class Scenario:
         check_choice("attack_update", self.attack_update, ("gradient", "delta"))
         check_choice("sampling", self.sampling, ("fixed", "poisson"))
         check_choice("mia_members", self.mia_members, ("all", "client"))
-        check_choice("canary", self.canary, ("none", "gradient", "mislabeled"))
+        check_choice("canary", self.canary, ("none", "gradient", "mislabeled", "one-run"))
         if not (math.isfinite(self.canary_norm) and self.canary_norm > 0):
             raise SpecError(f"scenario '{self.name}': canary_norm must be a finite number > 0, got {self.canary_norm}")
+        self._check_one_run()
         if (self.mia_size or 0) < 0 or self.mia_aux < 0:
             raise SpecError(f"scenario '{self.name}': mia_size and mia_aux must be >= 0")
         if not 0.0 <= self.public_fraction < 1.0:
@@ -149,6 +154,19 @@ class Scenario:
         if self.classes_per_client < 1:
             raise SpecError(f"scenario '{self.name}': classes_per_client must be >= 1, "
                             f"got {self.classes_per_client}; did you mean 1?")
+
+    def _check_one_run(self) -> None:
+        default = next(f.default for f in dataclasses.fields(self) if f.name == "canaries")
+        if self.canary != "one-run":
+            if self.canaries != default:
+                raise SpecError(f"scenario '{self.name}': canaries counts the canaries of a one-run audit; set "
+                                f"canary = \"one-run\" or leave canaries out")
+            return
+        if self.canaries < 2:
+            raise SpecError(f"scenario '{self.name}': a one-run audit needs canaries >= 2, got {self.canaries}")
+        if self.attack_repeats != 1:
+            raise SpecError(f"scenario '{self.name}': a one-run audit plants its canaries in one attacked upload; "
+                            f"set attack_repeats = 1 (got {self.attack_repeats})")
 
 
 def scenario_config(sc: Scenario) -> dict[str, Any]:

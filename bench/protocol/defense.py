@@ -128,9 +128,9 @@ class Defense(Configurable):
         return {}
 
     def server_estimate(self, fed) -> dict[str, torch.Tensor]:
-        """After the last round: values the aggregation server can compute, from public parts of the aggregates
-        it built, for final-model entries it does not know (e.g. the plaintext part of a selectively encrypted
-        sum); membership attacks use them in place of a fill."""
+        """Values the aggregation server can compute, from public parts of the aggregates it built so far, for
+        model entries it does not know (e.g. the plaintext part of a selectively encrypted sum): after the last
+        round membership attacks use them in place of a fill; at the attacked round they are Knowledge.estimate."""
         return {}
 
     # -- budget matching (bench/federation/budget.py) -------------------------------------------------------

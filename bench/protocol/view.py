@@ -97,6 +97,10 @@ class Knowledge:
     public_x: torch.Tensor | None = field(default=None, repr=False)   # public inputs of the task's distribution
     # (held-out images), given only to a malicious-model attack's modify_model to tune what it sends
     local_batch_size: int | None = None        # the clients' local mini-batch size (FedAvg: the server sets it)
+    # values the server computed itself from the public parts of the aggregates it built, for global entries it
+    # does not know (Defense.server_estimate, e.g. SHE-LoRA's plaintext columns of Delta W): an estimate, not the
+    # weights the client started from
+    estimate: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def knows_global_model(self) -> bool:
         return all(not torch.isnan(p).any() for p in self.global_params.values())
@@ -157,12 +161,15 @@ def load(knowledge, params: dict[str, torch.Tensor]) -> torch.nn.Module:
 @dataclass(frozen=True)
 class Canary:
     """What an auditor plants and therefore knows: a gradient canary (an update direction the canary client
-    uploads, or not) or a mislabeled record the attacked batch holds, or not (bench/federation/canary.py)."""
+    uploads, or not), a mislabeled record the attacked batch holds, or not, or a one-run audit's many gradient
+    canaries, each on its own entries (bench/federation/canary.py)."""
 
-    kind: str                                  # gradient | mislabeled
-    update: dict[str, torch.Tensor] | None = None
+    kind: str                                  # gradient | mislabeled | one-run
+    update: dict[str, torch.Tensor] | None = None   # one-run: every canary's values, each on the entries it owns
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
+    owner: dict[str, torch.Tensor] | None = None    # one-run: which canary (0 .. count - 1) each entry belongs to
+    count: int = 1
 
 
 def hidden_leak_free(view: ServerView) -> bool:

@@ -15,6 +15,7 @@ rule maps onto a cell stays retired.
 
 Rules (older schema -> today's, each the same work):
 - `canary`, `canary_norm` absent (before audit trials): "none" and the default norm;
+- `canaries` absent (before one-run audits): its default, which only a one-run audit reads;
 - `mia_size` 0 in a cell whose attack scores no membership candidates: before the default pool existed, 0 was
   how a scenario without membership inference was written; today it leaves the field unset (None), and a cell
   without a membership attack draws no candidates either way.
@@ -39,7 +40,7 @@ def upgrade(config: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(config)
     scenario = out.get("scenario") or {}
     defaults = {f.name: f.default for f in dataclasses.fields(Scenario) if f.default is not dataclasses.MISSING}
-    for name in ("canary", "canary_norm"):
+    for name in ("canary", "canary_norm", "canaries"):
         scenario.setdefault(name, defaults[name])
     attack = (out.get("attack") or {}).get("name")
     if scenario.get("mia_size") == 0 and attack in ATTACKS and not getattr(ATTACKS.get(attack), "needs_membership",

@@ -352,8 +352,8 @@ class SheLoRA(Defense):
         client.local = self._refactor(fed, aggregate, client.party, self.ranks[client.name])
 
     def server_estimate(self, fed) -> dict[str, torch.Tensor]:
-        """The final adapters as the aggregation server can rebuild them from its own plaintext sums (the
-        paper's "unencrypted parameters", table 14's masked model): encrypted columns of Delta W as 0."""
+        """The adapters of the last aggregate as the aggregation server can rebuild them from its own plaintext
+        sums (the paper's "unencrypted parameters", table 14's masked model): encrypted columns of Delta W as 0."""
         if not hasattr(self, "last"):
             return {}
         return self._refactor(fed, self.last[0], None, self.r_max)
