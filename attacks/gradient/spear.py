@@ -227,7 +227,7 @@ class SPEAR(Attack):
     links = {"paper": "https://arxiv.org/abs/2403.03945", "code": "https://github.com/eth-sri/SPEAR"}
     family = "image"
 
-    def __init__(self, samples: int = 2000, rounds: int = 6, prior_steps: int = 300, prior_lr: float = 0.05,
+    def __init__(self, samples: int = 2000, rounds: int = 12, prior_steps: int = 300, prior_lr: float = 0.05,
                  per_row: int = 64, extra_zeros: int = 4, min_sparsity: float = 0.25) -> None:
         if samples < 0 or rounds < 1 or prior_steps < 0 or per_row < 0 or extra_zeros < 1 or not prior_lr > 0:
             raise ValueError("spear needs samples, prior_steps, per_row >= 0, rounds, extra_zeros >= 1, prior_lr > 0")
