@@ -35,6 +35,10 @@ of dL/dZ (exact when the disaggregation is). The estimate optimizes soft labels 
 
 Blocked only when the view prevents it: every entry hidden, the global weights unknown, or no visible entry in any
 linear layer followed by ReLU. A scenario whose model has no such layer (the sigmoid LeNet) is not applicable.
+A FedAvg update of K local steps is read as one gradient (the paper's setting is FedSGD): its weight delta sums the
+steps' gradients, of rank B where every step reads the same batch (B no larger than the local batch) and more where
+steps read different images, and the ReLU pattern may move between steps; `extra["exact"]` says whether the
+disaggregation was exact.
 """
 from __future__ import annotations
 
