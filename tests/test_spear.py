@@ -78,6 +78,23 @@ def test_the_sparsity_filter_keeps_the_batchs_directions_and_mixes_of_two_at_mos
     assert max(_samples_mixed(unfiltered, truth)) > 2
 
 
+def test_on_a_narrow_layer_the_papers_threshold_keeps_every_sample_and_the_chance_measure_does_not():
+    """SenseCrypt's FCN on digits (64 inputs, 64 neurons): uniform draws hit samples and their mixes so often that
+    the chance measure's threshold passes most samples' zero counts; the attack's `chance = False` keeps the
+    paper's threshold, under which the filtered pool holds the whole batch."""
+    t = _target(model="fcn")
+    x, d, g = _truth(t)
+    f = ss.decompose(g, 6)
+    truth = _true_directions(f, d)
+    kept = {}
+    for chance in (True, False):
+        rec = SPEAR(**UNIFORM, chance=chance).run(t.view, t.knowledge, seed=0)
+        pool = ss.Pool(6, rec.extra["min_zeros"])
+        pool.add(f, ss.uniform_subsets(len(f.rows), 6, 3000, torch.Generator().manual_seed(1)))
+        kept[chance] = int(((pool.q @ truth).abs() > 1 - 1e-6).any(0).sum())
+    assert kept[False] == 6 and kept[True] < 6
+
+
 def test_the_greedy_selection_is_exact_and_needs_its_score():
     """Selection from a pool holding the batch's directions and a mix of two of them: the sparsity-matching
     score picks the true set (score 1); the mix, which is sparser than one of them, would be taken by

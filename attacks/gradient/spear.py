@@ -24,10 +24,12 @@ paper's uniform sampling alone.
 
 Filter. A proposal must leave B - 1 + `extra_zeros` rows at zero, more than uniform proposals reach by chance
 (measured on 2,000 of them first, spear_solve.chance_zeros), and at least `min_sparsity` of the rows (the paper's
-threshold tau* m). Two samples whose off-neurons overlap leave every mix of them nearly as sparse: such mixes pass
-and are told apart by the selection's sparsity matching; the plane of a mix and a sample holds the other sample
-(spear_solve.plane_directions), which is searched each round and, where the selection is still not exact, once
-more at one shared row (spear_select.repair). Both are this implementation's additions to the paper's steps.
+threshold tau* m). On a narrow layer (SenseCrypt's FCN: 64 neurons) uniform draws often hit a sample or a mix of
+two, the chance measure counts them and its threshold passes the samples' own zero counts: `chance = False` keeps
+the paper's threshold alone there. Two samples whose off-neurons overlap leave every mix of them nearly as sparse:
+such mixes pass and are told apart by the selection's sparsity matching; the plane of a mix and a sample holds the
+other sample (spear_solve.plane_directions), which is searched each round and, where the selection is still not
+exact, once more at one shared row (spear_select.repair). Both are this implementation's additions to the paper's steps.
 
 Labels, from the view: the granted ones where a scenario grants them; otherwise, once the inputs are known, each
 sample's label is the class whose single-sample gradient at the layer's output equals the recovered column
@@ -232,7 +234,7 @@ class SPEAR(Attack):
     family = "image"
 
     def __init__(self, samples: int = 2000, rounds: int = 12, prior_steps: int = 300, prior_lr: float = 0.05,
-                 per_row: int = 64, extra_zeros: int = 4, min_sparsity: float = 0.25) -> None:
+                 per_row: int = 64, extra_zeros: int = 4, min_sparsity: float = 0.25, chance: bool = True) -> None:
         if samples < 0 or rounds < 1 or prior_steps < 0 or per_row < 0 or extra_zeros < 1 or not prior_lr > 0:
             raise ValueError("spear needs samples, prior_steps, per_row >= 0, rounds, extra_zeros >= 1, prior_lr > 0")
         if not 0 <= min_sparsity < 1:
@@ -240,9 +242,9 @@ class SPEAR(Attack):
         if samples == 0 and (prior_steps == 0 or per_row == 0):
             raise ValueError("spear draws no subset: set samples > 0, or prior_steps and per_row > 0")
         super().__init__(samples=samples, rounds=rounds, prior_steps=prior_steps, prior_lr=prior_lr,
-                         per_row=per_row, extra_zeros=extra_zeros, min_sparsity=min_sparsity)
+                         per_row=per_row, extra_zeros=extra_zeros, min_sparsity=min_sparsity, chance=chance)
         self.samples, self.rounds, self.prior_steps, self.prior_lr = samples, rounds, prior_steps, prior_lr
-        self.per_row, self.extra_zeros, self.min_sparsity = per_row, extra_zeros, min_sparsity
+        self.per_row, self.extra_zeros, self.min_sparsity, self.chance = per_row, extra_zeros, min_sparsity, chance
 
     def applicable(self, setting: Setting) -> str | None:
         if setting.knowledge.task != "classification":
@@ -276,7 +278,7 @@ class SPEAR(Attack):
         f = replace(f, rows=rows[f.rows])
         w = weight[:, cols]
         gen = torch.Generator().manual_seed(seed)
-        extra = max(self.extra_zeros, ss.chance_zeros(f, batch, gen) + 2)
+        extra = max(self.extra_zeros, ss.chance_zeros(f, batch, gen) + 2 if self.chance else 0)
         pool = ss.Pool(batch, max(batch - 1 + extra, int(np.ceil(self.min_sparsity * len(f.rows)))))
         est = Estimate(view, knowledge, layer, f, cols, weight.shape[1]) \
             if self.prior_steps and self.per_row and knows_tail(knowledge, layer) else None
@@ -323,8 +325,8 @@ class SPEAR(Attack):
         extra = {"layer": layer, "recovered": "images" if reads_image else
                  f"the {width}-value input of layer '{layer}' (features, not pixels)",
                  "sparsity_matching": best.score, "exact": exact, "directions": len(pool.q),
-                 "filled_in": best.chosen.count(-1), "proposals": pool.proposals, "rounds": rounds,
-                 "rows_used": len(f.rows), "columns_unrecovered": width - len(cols), "completion_residual": resid,
+                 "min_zeros": pool.min_zeros, "filled_in": best.chosen.count(-1), "proposals": pool.proposals,
+                 "rounds": rounds, "rows_used": len(f.rows), "columns_unrecovered": width - len(cols), "completion_residual": resid,
                  "rank_tail": f.tail}
         images = u.float().reshape(batch, *knowledge.input_shape).clamp(0, 1) if reads_image else None
         if not reads_image:
