@@ -1,5 +1,5 @@
 """Built-in attacks, one package per family: every module here registers what it defines (bench.registry
-discovers them). dager/ (text from transformer gradients), gradient/ (DLG, iDLG, Inverting Gradients),
+discovers them). dager/ (text from transformer gradients), gradient/ (DLG, iDLG, Inverting Gradients, SPEAR),
 labels/ (iLRG, the label baselines, negotiation maps), mia/ (membership), audit/ (canary audits, trials or one run),
 server/ (a malicious server that modifies the model it sends).
 

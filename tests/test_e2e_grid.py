@@ -67,7 +67,9 @@ TEXT_ATTACKS = [
 ]
 CANARY_ATTACKS = [("audit-canary", {})]   # on canary trials (scenario canary = gradient / mislabeled)
 ONE_RUN_ATTACKS = [("audit-one-run", {})]   # on one upload holding many canaries (scenario canary = one-run)
-GRID_ATTACKS = IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS] + CANARY_ATTACKS + ONE_RUN_ATTACKS
+RELU_ATTACKS = [("spear", {"samples": 200, "rounds": 1, "prior_steps": 3})]   # need a linear layer followed by ReLU
+GRID_ATTACKS = (IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS] + CANARY_ATTACKS + ONE_RUN_ATTACKS
+                + RELU_ATTACKS)
 MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary data for the mia-* attacks
 
 
@@ -88,6 +90,14 @@ def test_defense_runs_against_every_image_attack(defense):
                        attack_batch_size=2, **MIA)
     preflight(suite, None)   # every attack applies to the scenario: what remains is the defense's doing
     _check(list(run_group(list(suite.cells), None)), IMAGE_ATTACKS, defense)
+
+
+@pytest.mark.parametrize("defense", [d for d in GRID_DEFENSES if d[0] not in LORA_ONLY],
+                         ids=[d for d, _ in GRID_DEFENSES if d not in LORA_ONLY])
+def test_defense_runs_against_the_relu_layer_attacks(defense):
+    suite = tiny_suite([defense], RELU_ATTACKS, model="mlp-tiny", attack_batch_size=2)
+    preflight(suite, None)
+    _check(list(run_group(list(suite.cells), None)), RELU_ATTACKS, defense)
 
 
 @pytest.mark.parametrize("defense", GRID_DEFENSES, ids=[d for d, _ in GRID_DEFENSES])
