@@ -6,9 +6,11 @@ A reference `{= CELL METRIC =}` is replaced, when the page renders, by that cell
 table writes it (the metric's unit and format). CELL names one record of the suite: its full label
 `scenario/defense(params)/attack(params)`, the same with names only where that is unambiguous, or a glob (`*`)
 that matches exactly one cell. METRIC is a metric the record reports; `METRIC ci` gives its stored 95% interval
-("[lo, hi]"); `status` gives the cell's status, with its round where it diverged. A reference to no cell, to
-several, or to a metric the cell lacks fails the render with one line naming it (`NoteError`, exit 2). A value
-of an unverified record (bench/protocol/records.py's reading rule) reads "(unverified)" after it.
+("[lo, hi]"); `status` gives the cell's status, with its round where it diverged. A reference that names no cell
+of the suite, or several, is refused when the suite loads (`check_references`, one line, exit 2); at render, a
+cell of the suite not computed yet (a run narrowed by --only, one still running) reads "(not computed)", and
+several records or a metric the record lacks fail the render with one line naming it (`NoteError`). A value of
+an unverified record (bench/protocol/records.py's reading rule) reads "(unverified)" after it.
 """
 from __future__ import annotations
 
@@ -27,6 +29,32 @@ class NoteError(ValueError):
     """A reference in a suite's notes that names no cell, several, or a metric the cell lacks."""
 
 
+def _named(cell: str, full: dict[str, Any], bare: dict[str, list]) -> list:
+    """What a reference's CELL names: its full label, the same with names only, or a glob over full labels."""
+    if cell in full:
+        return [full[cell]]
+    return bare.get(cell) or [v for k, v in full.items() if fnmatch.fnmatchcase(k, cell)]
+
+
+def check_references(text: str, cells: list[tuple[str, str]], suite: str) -> None:
+    """At suite load: every reference names exactly one of the suite's cells, given as (full label, label with
+    names only) pairs; NoteError in one line otherwise. Its metric is checked when the page renders."""
+    full = {label: label for label, _ in cells}
+    bare: dict[str, list] = {}
+    for label, names in cells:
+        bare.setdefault(names, []).append(label)
+    for match in REFERENCE.finditer(text):
+        words = match.group(1).split()
+        where = f"notes of suite '{suite}': {match.group(0)}"
+        if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "ci"):
+            raise NoteError(f"{where} must read {{= scenario/defense/attack METRIC =}} (or METRIC ci, or status)")
+        hits = _named(words[0], full, bare)
+        if len(hits) != 1:
+            some = ", ".join(sorted(hits)[:3])
+            raise NoteError(f"{where} names {len(hits)} cells of the suite{': ' + some if some else ''}; name "
+                            "exactly one (its full label, as `leakbench run --dry-run` lists it)")
+
+
 def resolve(text: str, records: list[dict[str, Any]], suite: str,
             trusted: Callable[[dict[str, Any]], bool] | None = None) -> str:
     """`text` with every `{= CELL METRIC =}` replaced by the value it names, marked where `trusted` (the reading
@@ -39,16 +67,17 @@ def resolve(text: str, records: list[dict[str, Any]], suite: str,
 
     def value(match: re.Match) -> str:
         rec, text = cell_value(match)
-        return text if trusted is None or trusted(rec) else f"{text} (unverified)"
+        return text if rec is None or trusted is None or trusted(rec) else f"{text} (unverified)"
 
-    def cell_value(match: re.Match) -> tuple[dict[str, Any], str]:
+    def cell_value(match: re.Match) -> tuple[dict[str, Any] | None, str]:
         words = match.group(1).split()
         where = f"notes of suite '{suite}': {match.group(0)}"
         if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "ci"):
             raise NoteError(f"{where} must read {{= scenario/defense/attack METRIC =}} (or METRIC ci, or status)")
         cell, metric = words[0], words[1]
-        hits = [full[cell]] if cell in full else bare.get(cell) or [r for k, r in full.items()
-                                                                      if fnmatch.fnmatchcase(k, cell)]
+        hits = _named(cell, full, bare)
+        if not hits:   # a cell of the suite (checked at load) this folder has no record of yet
+            return None, "(not computed)"
         if len(hits) != 1:
             some = ", ".join(sorted(f"{r['scenario']}/{defense_label(r)}/{attack_label(r)}" for r in hits)[:3])
             raise NoteError(f"{where} names {len(hits)} cells{': ' + some if some else ''}; name exactly one "

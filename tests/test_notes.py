@@ -34,7 +34,6 @@ def test_a_reference_reads_the_value_as_the_table_writes_it():
 
 
 @pytest.mark.parametrize("ref, fault", [
-    ("{= a/secagg/ilrg label_acc =}", "names 0 cells"),
     ("{= a/maskcrypt/ilrg label_acc =}", "names 2 cells"),
     ("{= a/plaintext/ilrg psnr =}", "reports no 'psnr'"),
     ("{= a/plaintext/ilrg label_acc ci =}", "no 95% interval"),
@@ -58,3 +57,24 @@ def test_a_value_of_an_unverified_record_says_so():
     """The reading rule (bench/protocol/records.py): a page marks what it quotes from a record it cannot trust."""
     text = "{= a/plaintext/ilrg label_acc =} and {= b/plaintext/idlg psnr =}"
     assert resolve(text, RECORDS, "s", trusted=lambda r: r["scenario"] == "b") == "1.000 (unverified) and 38.71"
+
+
+def test_a_cell_not_computed_yet_reads_so_and_a_reference_to_no_cell_is_refused_at_load():
+    """A run narrowed by --only renders its page before the referenced cell exists; a reference that names no
+    cell of the suite at all is a mistake of the suite file, refused when it loads (exit 2, one line)."""
+    from bench.federation.scenario import SpecError
+    from bench.run.spec import parse_suite
+
+    assert resolve("secagg {= a/secagg/ilrg label_acc =}.", RECORDS, "s") == "secagg (not computed)."
+    suite = {"name": "t", "scenarios": [{"name": "a", "dataset": "digits", "model": "mlp", "num_clients": 1,
+                                         "clients_per_round": 1, "rounds": 1, "max_train": 20, "max_test": 10}],
+             "defenses": [{"name": "plaintext"}], "attacks": [{"name": "ilrg"}]}
+    parse_suite(suite | {"notes": "{= a/plaintext/ilrg label_acc =}"})
+    for ref, fault in (("{= a/secagg/ilrg label_acc =}", "names 0 cells of the suite"),
+                       ("{= a/*/* label_acc =}", None), ("{= */plaintext/ilrg =}", "must read")):
+        if fault is None:
+            parse_suite(suite | {"notes": ref})   # a glob that matches the one cell
+            continue
+        with pytest.raises(SpecError, match=fault) as err:
+            parse_suite(suite | {"notes": ref})
+        assert "\n" not in str(err.value)

@@ -65,3 +65,13 @@ def check_pages(figures: tuple, paper: tuple, known: dict[str, set[str]], where:
             except ValueError as err:
                 raise SpecError(f"{where} {kind}[{i}]: {err}") from None
 
+
+def check_notes(notes: str, cells: list, suite: str, where: str) -> None:
+    """Every `{= CELL METRIC =}` of a suite's notes names exactly one of its cells (leaderboards/notes.py)."""
+    from leaderboards.notes import NoteError, check_references
+
+    pairs = [(c.label, f"{c.scenario.name}/{c.defense.name}/{c.attack.name}") for c in cells]
+    try:
+        check_references(notes, pairs, suite)
+    except NoteError as err:
+        raise SpecError(f"{where}: {err}") from None

@@ -19,7 +19,7 @@ from bench.federation.scenario import Scenario, SpecError, build, check_model_pa
 from bench.protocol.records import config_id
 from bench.run.inherit import base_data, inherit
 from bench.run.limits import Limits, check_count, check_depth, check_timeout, read_toml
-from bench.run.mistakes import check_data_fields, check_pages, check_unique, known_names
+from bench.run.mistakes import check_data_fields, check_notes, check_pages, check_unique, known_names
 
 
 @dataclass(frozen=True)
@@ -345,6 +345,7 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
     known = known_names([s for s, _, _ in scenarios], defenses, attacks)
     figures, paper = tuple(data.get("figures", [])), tuple(data.get("paper", []))
     check_pages(figures, paper, known, where)
+    check_notes(str(data.get("notes", "")), cells, name, where)
     added = ()
     if base is not None:
         inherited = {d.label for d in _components(base["defenses"], "defense", DEFENSES, where, limits.cells)[0]}
