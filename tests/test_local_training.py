@@ -126,7 +126,9 @@ def test_server_momentum_is_heavy_ball_on_the_mean_update(data):
 
 def test_new_scenario_fields_leave_cell_ids_unchanged():
     cell = Cell("x", Scenario(name="s", dataset="digits", model="mlp"), Component("plaintext"), Component("idlg"))
-    assert cell.cell_id == "983b32f718e4c90c"   # the id this cell had before the server optimizer existed
+    # the id this cell has had since one-run audits added `canaries` (bench/run/upgrade.py maps older records onto
+    # it); the server optimizer's fields, at their defaults, leave it as it was
+    assert cell.cell_id == "5e4ab0f9f21c9544"
     config = scenario_config(Scenario(name="s", dataset="digits", model="mlp", server_lr=1.0, server_momentum=0.0))
     assert "server_lr" not in config and "server_momentum" not in config
     moved = scenario_config(Scenario(name="s", dataset="digits", model="mlp", server_momentum=0.9))
