@@ -43,6 +43,21 @@ VIEW_REASONS = {
     "every entry the canary moves is hidden from the server": "the view",
     "no row of the block has its bias gradient and its whole weight-gradient row in the clear": "the view",
     "no row of the block has its bias gradient and a weight-gradient entry in the clear": "the view",
+    "every entry the canaries move is hidden from the server": "the view",
+    "{}, and layer 0's inputs pass through weights it does not know": "the key topology (clients decrypt the weights)",
+    ", and layer 0's inputs pass through weights it does not know": "the key topology (clients decrypt the weights)",
+    "grad B = (B_start - B_upload) / lr needs the B the client started from, which its clients rebuild from the "
+    "decrypted aggregate; the server knows it only up to its column space{}":
+        "an initialization the clients rebuild from an aggregate the server cannot decrypt",
+    "grad B = (B_start - B_upload) / lr needs the B the client started from, which its clients rebuild from the "
+    "decrypted aggregate; the server knows it only up to its column space":
+        "an initialization the clients rebuild from an aggregate the server cannot decrypt",
+    "every column of A on layer 0's projection is hidden from the server": "the view",
+    "the start A's row space, as the server's sum gives it, fills every column it sees in clear":
+        "the view and the protocol's initialization (what is in clear lies in the server's own sum)",
+    "the server does not know the global weights of layer '{}' (clients decrypt them)": "the key topology",
+    "the server does not know the global weights of layer '": "the key topology",
+    "' (clients decrypt them)": "the key topology",
 }
 # Reasons a run-time helper can still return but that the suite's load refuses first (Attack.applicable).
 REFUSED_AT_LOAD = {"label_strategy 'known' needs a scenario that grants the attacker the labels"}
