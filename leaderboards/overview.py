@@ -34,6 +34,8 @@ from leaderboards.verdicts import BANDS, LEVELS, Verdict, band, worst
 UTILITY = ("accuracy", "perplexity", "lm_loss")
 HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")
 
+DIVERGED_COST = 1e300   # a diverged row's relative cost: worst of all, and a number a browser's sort reads (not 'inf')
+
 
 def _where(entry: dict[str, Any], rec: dict[str, Any]) -> dict[str, str]:
     label = defense_label(rec)
@@ -107,7 +109,8 @@ def _utility(records: list[tuple[dict, dict]], schema) -> dict[tuple, dict[str, 
             base = {"metric": schema[metric], "best": best, "no_utility": flat.get(label, ""), **_where(entry, rec)}
             if diverged_round(rec) is not None:   # a diverged model's last number is no utility: say so instead
                 out[(rec["suite"], rec["scenario"], label)] = {**base, "diverged": diverged_text(rec), "value": None,
-                                                               "drop": math.inf, "delta": None, "relative": math.inf}
+                                                               "drop": math.inf, "delta": None,
+                                                               "relative": DIVERGED_COST}
                 continue
             value = rec["metrics"][metric]
             drop = (best - value) if higher else (value - best)

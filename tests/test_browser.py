@@ -55,7 +55,8 @@ return rank;
 # Best-first for the columns that are not one metric, stated here rather than read from the page; every other
 # column is a metric (its direction from the registry) or, in the core grid, an attack's verdict (least severe first).
 FIXED_DIRECTIONS = {
-    "scenario": {"rank": "asc", "defense": "asc", "verdict": "asc", "key topology": "asc"},
+    "scenario": {"rank": "asc", "defense": "asc", "verdict": "asc", "key topology": "asc",
+                 "status": "asc"},   # an attack whose every cell failed or was blocked shows their status
     "board": {"defense": "asc", "verdict": "asc", "utility cost": "asc", "HE cost": "asc"},
     "core-grid": {"defense": "asc", "verdict": "asc", "coverage": "desc", "HE cost": "asc"},
     "suites": {"suite": "asc", "scenarios": "desc", "cells": "desc", "ok": "desc", "blocked": "desc",
