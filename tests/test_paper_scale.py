@@ -32,6 +32,7 @@ def paper_slice(suite: str, keep=lambda scenario: True):
     """The suite's TOML with only the scale knobs overridden, and the scenarios `keep` selects."""
     data = tomllib.loads(Path(SUITES.get(suite)).read_text())
     data["scenarios"] = [s for s in data["scenarios"] if keep(s)]
+    data.pop("notes", None)   # they quote cells of the whole suite, which a slice leaves out
     for table in data["scenarios"]:
         table.update(SLICE | SIZES[suite])
         if table["num_clients"] == 20 and suite == "sensecrypt-paper":   # 5 categories x 2 clients, every tier kept

@@ -28,6 +28,7 @@ def comparable(path) -> list[dict]:
         for key in EXECUTION_DETAILS:
             (rec.get("details") or {}).pop(key, None)
         rec["environment"].pop("digest", None)   # it covers the timing values too
+        rec["environment"].pop("threads", None)  # torch's threads: a pool or Ray worker holds one CPU
         for info in (rec.get("details") or {}).values():
             if isinstance(info, dict):
                 for key in TIMING_DETAILS:
