@@ -29,6 +29,15 @@ class NoteError(ValueError):
     """A reference in a suite's notes that names no cell, several, or a metric the cell lacks."""
 
 
+def _parsed(match: re.Match, suite: str) -> tuple[list[str], str]:
+    """A reference's words (CELL METRIC [ci]) and where it stands, for errors; NoteError when malformed."""
+    words = match.group(1).split()
+    where = f"notes of suite '{suite}': {match.group(0)}"
+    if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "ci"):
+        raise NoteError(f"{where} must read {{= scenario/defense/attack METRIC =}} (or METRIC ci, or status)")
+    return words, where
+
+
 def _named(cell: str, full: dict[str, Any], bare: dict[str, list]) -> list:
     """What a reference's CELL names: its full label, the same with names only, or a glob over full labels."""
     if cell in full:
@@ -44,10 +53,7 @@ def check_references(text: str, cells: list[tuple[str, str]], suite: str) -> Non
     for label, names in cells:
         bare.setdefault(names, []).append(label)
     for match in REFERENCE.finditer(text):
-        words = match.group(1).split()
-        where = f"notes of suite '{suite}': {match.group(0)}"
-        if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "ci"):
-            raise NoteError(f"{where} must read {{= scenario/defense/attack METRIC =}} (or METRIC ci, or status)")
+        words, where = _parsed(match, suite)
         hits = _named(words[0], full, bare)
         if len(hits) != 1:
             some = ", ".join(sorted(hits)[:3])
@@ -70,10 +76,7 @@ def resolve(text: str, records: list[dict[str, Any]], suite: str,
         return text if rec is None or trusted is None or trusted(rec) else f"{text} (unverified)"
 
     def cell_value(match: re.Match) -> tuple[dict[str, Any] | None, str]:
-        words = match.group(1).split()
-        where = f"notes of suite '{suite}': {match.group(0)}"
-        if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "ci"):
-            raise NoteError(f"{where} must read {{= scenario/defense/attack METRIC =}} (or METRIC ci, or status)")
+        words, where = _parsed(match, suite)
         cell, metric = words[0], words[1]
         hits = _named(cell, full, bare)
         if not hits:   # a cell of the suite (checked at load) this folder has no record of yet
