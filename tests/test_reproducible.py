@@ -16,8 +16,19 @@ import pytest
 from bench.cli import main
 from bench.registry import METRICS
 
-TIMING_DETAILS = ("clustering_s", "round_time")   # wall-clock values kept in a record's details
+TIMING_DETAILS = ("clustering_s", "round_time", "seconds")   # wall-clock values kept in a record's details
 EXECUTION_DETAILS = ("he_clock",)   # how HE time was clocked: worker and thread counts differ between executors
+
+
+def drop_timing(value) -> None:
+    """Removes wall-clock entries at any depth (a defense's per-upload encryption times sit in lists)."""
+    if isinstance(value, dict):
+        for key in TIMING_DETAILS:
+            value.pop(key, None)
+        value = list(value.values())
+    if isinstance(value, list):
+        for item in value:
+            drop_timing(item)
 
 
 def comparable(path) -> list[dict]:
@@ -29,10 +40,7 @@ def comparable(path) -> list[dict]:
             (rec.get("details") or {}).pop(key, None)
         rec["environment"].pop("digest", None)   # it covers the timing values too
         rec["environment"].pop("threads", None)  # torch's threads: a pool or Ray worker holds one CPU
-        for info in (rec.get("details") or {}).values():
-            if isinstance(info, dict):
-                for key in TIMING_DETAILS:
-                    info.pop(key, None)
+        drop_timing(rec.get("details"))
     return sorted(records, key=lambda r: r["cell_id"])
 
 
