@@ -154,8 +154,9 @@ def test_completion_fills_scattered_hidden_entries_exactly():
     assert torch.allclose(filled, g[rows][:, cols], atol=1e-6)
 
 
-def test_spear_recovers_the_digits_batch_end_to_end():
-    suite = tiny_suite(["plaintext"], [("spear", UNIFORM)], attack_batch_size=6, attack_repeats=2)
+@pytest.mark.parametrize("batch", [6, 1])   # B = 1: the subsets of B - 1 rows are empty, the one direction is q = 1
+def test_spear_recovers_the_digits_batch_end_to_end(batch):
+    suite = tiny_suite(["plaintext"], [("spear", UNIFORM)], attack_batch_size=batch, attack_repeats=2)
     rec = next(run_group(list(suite.cells), None))
     assert rec["status"] == "ok", rec["reason"]
     assert rec["metrics"]["images_recovered"] == 1.0 and rec["metrics"]["psnr"] > 60

@@ -66,7 +66,10 @@ def decompose(grad: torch.Tensor, batch: int, noise: float = 0.0, base_tol: floa
 
 def kernels(unit: torch.Tensor, subsets: torch.Tensor, rank_tol: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor]:
     """For each subset of B - 1 rows (N x (B-1) indices): the unit q with unit[A] q = 0, and whether L_A has
-    rank B - 1 (else the kernel is not unique and the proposal is void)."""
+    rank B - 1 (else the kernel is not unique and the proposal is void). At B = 1 the subsets are empty and the
+    one direction is q = 1."""
+    if subsets.shape[1] == 0:
+        return torch.ones(len(subsets), unit.shape[1], dtype=unit.dtype), torch.ones(len(subsets), dtype=torch.bool)
     sv = torch.linalg.svd(unit[subsets])
     full = sv.S[:, -1] > rank_tol * sv.S[:, 0]
     return sv.Vh[:, -1, :], full
