@@ -3,6 +3,8 @@ test able to fail when its step is taken out, and the attack end to end on the d
 CNN's first fully connected layer and a model it does not apply to."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -131,6 +133,32 @@ def test_a_mix_of_two_samples_yields_both_in_its_plane():
     best = sorted(int((truth.T @ v / v.norm()).abs().argmax()) for v in found
                   if float((truth.T @ v / v.norm()).abs().max()) > 1 - 1e-6)
     assert best == [0, 1]
+
+
+def test_the_pool_keeps_and_draws_planes_from_its_best_ranked_candidates_only(monkeypatch):
+    """Where part of a layer is hidden, thousands of sparse mixes pass as trusted and each round's planes multiply
+    them (selectiveshield-paper's MNIST MLP at B = 32: 68,000 candidates, a 37 GB overlap matrix): pruning keeps
+    the `limit` best-ranked trusted candidates, and planes are drawn from as many; below the limit nothing changes."""
+    t = _target()
+    f, pool, truth = _pool(t)
+    pool.prune(f, spare=0)
+    assert len(pool.q) > 3
+    unlimited = copy.deepcopy(pool)
+    pool.limit = 3
+    planes = copy.deepcopy(pool)
+    pool.prune(f, spare=0)
+    assert sorted(pool.zeros, reverse=True) == sorted(unlimited.zeros, reverse=True)[:3]   # the sparsest three
+    unlimited.prune(f, spare=0)
+    assert len(unlimited.q) > 3                                                         # the default limit: all
+    read = []
+    real = ss.plane_directions
+    monkeypatch.setattr(ss, "plane_directions", lambda f_, d1, *a, **k: read.append(d1) or real(f_, d1, *a, **k))
+    planes.add_planes(f, overlap=0.0)                  # every candidate's plane is searched: as many as are read
+    assert len(read) == 3
+    read.clear()
+    n = len(unlimited.q)
+    unlimited.add_planes(f, overlap=0.0)
+    assert len(read) == n > 3
 
 
 def test_the_scale_without_the_bias_gradient_is_bounded_by_the_relu_pattern():

@@ -165,8 +165,12 @@ def plane_directions(f: Factors, d1: torch.Tensor, d2: torch.Tensor, min_zeros: 
 class Pool:
     """The filtered candidate directions, repeats merged (|cos| above `same`), with their zero counts and hits."""
 
-    def __init__(self, batch: int, min_zeros: int, same: float = 1 - 1e-6) -> None:
+    def __init__(self, batch: int, min_zeros: int, same: float = 1 - 1e-6, limit: int | None = None) -> None:
         self.batch, self.min_zeros, self.same = batch, min_zeros, same
+        # a batch has B directions; where part of the layer is hidden, sparse mixes pass as trusted by the
+        # thousand and each round's planes multiply them (the selection's N x N overlaps then outgrow memory),
+        # so planes are drawn from, and pruning keeps, only the `limit` best-ranked candidates
+        self.limit = max(256, 8 * batch) if limit is None else limit
         self.q = torch.zeros(0, batch, dtype=torch.float64)
         self.zeros: list[int] = []
         self.hits: list[int] = []
@@ -194,7 +198,7 @@ class Pool:
         before = len(self.q)
         zero = ((f.unit @ self.q.T).abs() < f.tol[:, None]).double()        # (m', N)
         shared = (zero.T @ zero).fill_diagonal_(-1.0)                       # [d, t]: zeros in common
-        for d in range(before):
+        for d in sorted(self.ranked()[:self.limit]):
             t = int(shared[d].argmax())
             if shared[d, t] >= overlap * self.zeros[d]:
                 for v in plane_directions(f, self.q[d], self.q[t], self.min_zeros):
@@ -202,9 +206,12 @@ class Pool:
         return len(self.q) - before
 
     def prune(self, f: Factors, spare: int) -> None:
-        """Keep the trusted candidates and the `spare` best-ranked others (mixes of similar samples multiply
-        with the proposals: they cost the selection time and add nothing once their samples are found)."""
+        """Keep the trusted candidates (the `limit` best-ranked of them) and the `spare` best-ranked others (mixes
+        of similar samples multiply with the proposals: they cost the selection time and add nothing once their
+        samples are found)."""
         trusted = self.trusted(f)
+        if len(trusted) > self.limit:
+            trusted = self.ranked(trusted)[:self.limit]   # the trusted come first, sparsest first
         keep = sorted(set(trusted) | set([i for i in self.ranked(trusted) if i not in trusted][:spare]))
         self.q = self.q[keep]
         self.zeros, self.hits, self.owner = ([v[i] for i in keep] for v in (self.zeros, self.hits, self.owner))
