@@ -223,3 +223,27 @@ def test_across_suites_utility_only_where_measured_base_is_no_defense_and_uncali
     assert rows["dp-mask"]["cells"][label]["verdict"].text == "no verdict"   # ilrg fails on plain: no verdict ...
     assert rows["dp-mask"]["utility"]["drop"] == pytest.approx(0.1)      # ... but its utility and HE cost stand
     assert rows["dp-mask"]["he"]["seconds"] == 0.7
+
+
+def test_a_grid_cell_says_why_it_failed_or_was_blocked_and_a_column_names_its_rounds():
+    """Kills grid.py's mutants that pass the other tests (docs/mutation.md): a failed cell reads "failed" with its
+    error, a blocked cell's tooltip is the reason without the "blocked by design: " prefix, a column names the
+    round it attacked, and a membership value rests on its members and non-members."""
+    records = [at(rec("plain", "idlg", scenario="s", psnr=35.0, accuracy=0.9), attack_round=1, rounds=4),
+               at(rec("broken", "idlg", "failed", "RuntimeError: boom", scenario="s", accuracy=0.9),
+                  attack_round=1, rounds=4),
+               at(rec("he", "idlg", "blocked", "blocked by design: every entry is encrypted", scenario="s",
+                      accuracy=0.9), attack_round=1, rounds=4),
+               rec("plain", "mia-loss", scenario="m", mia_auroc=0.8, accuracy=0.9),
+               rec("he", "mia-loss", scenario="m", mia_auroc=0.6, accuracy=0.9)]
+    for r in records[3:]:
+        r["details"].update(n_members=100, n_nonmembers=200)
+    core = grid("core", records, INFO)
+    col = next(i for i, c in enumerate(core["columns"]) if c["attack"] == "idlg")
+    assert core["columns"][col]["rounds"] == "round 1 of 4"
+    cells = {r["name"]: r["cells"] for r in core["rows"]}
+    broken, he = cells["broken"][col], cells["he"][col]
+    assert (broken["kind"], broken["verdict"].text, broken["verdict"].why) == ("failed", "failed", "RuntimeError: boom")
+    assert (he["kind"], he["verdict"].why) == ("blocked", "every entry is encrypted")
+    mia = next(i for i, c in enumerate(core["columns"]) if c["attack"] == "mia-loss")
+    assert cells["he"][mia]["support"] == "100 members, 200 non-members"

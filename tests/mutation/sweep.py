@@ -48,6 +48,8 @@ MODULES: dict[str, dict] = {
     "attacks/labels/ilrg.py": {"tests": ["tests/test_ilrg.py"]},
 }
 SOURCES = ["bench/", "defenses/", "attacks/", "metrics/", "leaderboards/"]
+# what tests read besides the sources and tests/ (test_trust runs the README's commands, others read the docs)
+ALSO_COPY = ["README.md", "Makefile", "docs/", ".ci/"]
 KILLED = {"killed", "timeout"}
 # neither killed nor survived: not reached before --timeout, or the forked test process crashed (a library that
 # is not fork-safe can crash whatever the mutant), so its tests said nothing about the mutant
@@ -72,6 +74,7 @@ def copy_tree(dest: Path) -> None:
 
 def configure(work: Path, module: str, tests: list[str]) -> None:
     lines = ["[mutmut]", "source_paths =", *(f"    {s}" for s in SOURCES), "only_mutate =", f"    {module}",
+             "also_copy =", *(f"    {p}" for p in ALSO_COPY),
              "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests)]
     (work / "setup.cfg").write_text("\n".join(lines) + "\n")
 
