@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import replace
 
@@ -75,6 +76,27 @@ def test_ledger_anchor_value():
     for _ in range(100):
         ledger.step()
     assert ledger.epsilon(1e-5) == pytest.approx(7.90, abs=0.01)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: privacy.noise_for_epsilon(1.0, 1.5, 0.5, 3), "delta in (0, 1)"),          # delta past 1, rate fine
+    (lambda: privacy.noise_for_epsilon(1.0, 1e-5, 0.0, 3), "sample_rate in (0, 1]"),   # rate 0, delta fine
+    (lambda: privacy.noise_for_epsilon(1.0, 1e-5, 0.5, 0), "rounds >= 1"),
+    (lambda: privacy.noise_for_histories(1.0, 1.5, [[(0.5, 3)]]), "delta in (0, 1)"),
+    (lambda: privacy.noise_for_histories(1.0, 1e-5, [[(1.5, 3)]]), "every sample rate must be in (0, 1]"),
+    (lambda: privacy.noise_for_histories(1.0, 1e-5, [[(0.5, 0)]]), "no party plans a release")])
+def test_the_noise_calibration_refuses_what_no_accountant_can_spend_and_says_why(call, words):
+    """Each bound on its own (a check joined with `and` instead of `or` passes a bad rate with a good delta)."""
+    with pytest.raises(ValueError, match=re.escape(words)):
+        call()
+
+
+def test_one_partys_history_calibrates_as_the_rounds_do(private_cache):
+    """noise_for_histories with one party that releases every round is noise_for_epsilon's calibration, and the
+    party that spends most decides: a second, lighter history changes nothing."""
+    z = noise_for_epsilon(2.0, 1e-5, 0.5, 3)
+    assert privacy.noise_for_histories(2.0, 1e-5, [[(0.5, 3)]]) == pytest.approx(z, rel=1e-6)
+    assert privacy.noise_for_histories(2.0, 1e-5, [[(0.5, 3)], [(0.5, 1)], []]) == pytest.approx(z, rel=1e-6)
 
 
 def test_noise_for_epsilon_round_trips_and_is_cached(private_cache):
