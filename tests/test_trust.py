@@ -579,3 +579,23 @@ def test_a_cheap_readme_command_runs(argv, tmp_path, capsys, monkeypatch):
     assert out.strip() and not list(tmp_path.iterdir())
     if argv[0] == "run":
         assert out.startswith(f"suite {argv[1]}: ") and "nothing was run" in out
+
+
+DP_DETAILS = {"accountant": "rdp", "delta": 1e-5}
+
+
+@pytest.mark.parametrize("epsilon, dp, fault", [
+    (2.5, DP_DETAILS, None),
+    (0, DP_DETAILS, None),
+    (float("inf"), DP_DETAILS, "reports no accountant epsilon (epsilon is inf)"),     # spends without bound
+    (-1.0, DP_DETAILS, "reports no accountant epsilon (epsilon is -1.0)"),
+    (float("nan"), DP_DETAILS, "reports no accountant epsilon (epsilon is nan)"),
+    (True, DP_DETAILS, "reports no accountant epsilon (epsilon is True)"),
+    ("2.5", DP_DETAILS, "reports no accountant epsilon (epsilon is '2.5')"),
+    (2.5, {"accountant": "rdp"}, "reports no accountant details (dp: its accountant and delta)"),
+    (2.5, None, "reports no accountant details (dp: its accountant and delta)")])
+def test_a_dp_record_without_a_finite_epsilon_or_its_accountant_is_refused(epsilon, dp, fault):
+    """Each of dp_fault's conditions on its own (records.py's mutant joining two of them with `and` let an infinite
+    or a negative epsilon through)."""
+    from bench.protocol.records import dp_fault
+    assert dp_fault(epsilon, dp) == fault
