@@ -166,3 +166,26 @@ def test_key_topology_the_aggregation_server_never_holds_a_secret_key(data):
     assert all(c.party.keys["ckks"].can_decrypt for c in fed.clients)
     flex, flex_def, uploads, _, aggregate = one_round(data, "flex-lora")
     assert flex_def.key_topology == "none" and not flex.parties["server"].keys and not aggregate.cipher
+
+
+def _best_rank(w: np.ndarray, rank: int) -> np.ndarray:
+    u, s, vt = np.linalg.svd(w, full_matrices=False)
+    return (u[:, :rank] * s[:rank]) @ vt[:rank]
+
+
+def test_a_client_refactors_the_whole_aggregate_and_the_server_only_its_plaintext_columns(data):
+    """decode (a client, after decrypting) rebuilds the aggregate Delta W at rank r_max: B A is its best rank-r_max
+    approximation (an SVD here, not the code's); server_estimate, the server's rebuild from its own plaintext sums,
+    is the same of Delta W with the encrypted columns at 0, and exists only once an aggregate was decoded."""
+    fed, defense, uploads, trained, aggregate = one_round(data)
+    assert defense.server_estimate(fed) == {}
+    current = fed.params()
+    step = defense.decode(fed, aggregate, fed.clients[1].party)
+    estimate = defense.server_estimate(fed)
+    want, masked = expected_delta_w(fed, defense, uploads, trained), defense.delta_w(fed, aggregate, None)
+    for layer in defense.layers:
+        new = {n: (current[n] + step[n]).double().numpy() for n in (layer.b, layer.a)}
+        assert np.abs(new[layer.b] @ new[layer.a] - _best_rank(want[layer], defense.r_max)).max() < 1e-5
+        est = estimate[layer.b].double().numpy() @ estimate[layer.a].double().numpy()
+        assert np.abs(est - _best_rank(masked[layer], defense.r_max)).max() < 1e-5
+        assert np.abs(est - new[layer.b] @ new[layer.a]).max() > 1e-4   # the encrypted columns are missing
