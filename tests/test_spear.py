@@ -225,3 +225,31 @@ def test_spear_does_not_apply_without_a_relu_linear_layer():
     suite = tiny_suite(["plaintext"], [("spear", {})], model="lenet5-sigmoid")
     with pytest.raises(SpecError, match="needs a linear layer followed by ReLU"):
         preflight(suite, None)
+
+
+@pytest.mark.parametrize("hidden", [4, 6])   # fewer units than the batch, and exactly B: every subset has a kernel
+def test_spear_does_not_apply_where_no_relu_layer_is_wider_than_the_batch(hidden):
+    suite = tiny_suite(["plaintext"], [("spear", UNIFORM)], model="fcn", model_params={"hidden": hidden},
+                       attack_batch_size=6)
+    with pytest.raises(SpecError, match="more units than the batch"):
+        preflight(suite, None)
+    wide = tiny_suite(["plaintext"], [("spear", UNIFORM)], model="fcn", model_params={"hidden": 7}, attack_batch_size=6)
+    preflight(wide, None)
+
+
+def test_spear_is_blocked_where_at_most_b_rows_of_the_layer_show_b_entries():
+    """The view, not the attack, decides: with all but B rows of each ReLU layer's weight gradient hidden the
+    rank-B factorization has no sparse direction to find; one more visible row and SPEAR runs."""
+    t = _target()
+    full = {n: torch.nan_to_num(v) for n, v in t.view.values.items()}
+
+    def view(rows: int):
+        masks = {n: torch.ones(v.numel(), dtype=torch.bool) for n, v in full.items()}
+        for layer in ("1.weight", "3.weight"):   # both ReLU layers of the MLP, else SPEAR takes the second
+            w = torch.zeros_like(full[layer], dtype=torch.bool)
+            w[:rows] = True
+            masks[layer] = w.flatten()
+        return ServerView.of(Upload("client-0", 0, 1.0, Payload(plain={n: PlainPart.of(full[n], masks[n]) for n in full})),
+                             {n: tuple(v.shape) for n, v in full.items()})
+    assert "shows at most B = 6 rows" in SPEAR().blocked(view(6), t.knowledge)
+    assert SPEAR().blocked(view(7), t.knowledge) is None

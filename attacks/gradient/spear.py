@@ -83,15 +83,25 @@ def layer_input(model: torch.nn.Module, layer: str, x: torch.Tensor) -> torch.Te
     return seen["u"]
 
 
+def wide_relu_linears(model: torch.nn.Module, batch: int) -> list[str]:
+    """The linear layers a ReLU follows with more units than the batch: SPEAR's rank-B factorization separates
+    B samples only through more than B rows (at m <= B every subset of B - 1 rows has a kernel, none is sparse)."""
+    return [n for n in relu_linears(model) if model.get_submodule(n).out_features > batch]
+
+
 def attacked_layer(view: ServerView, knowledge: Knowledge) -> tuple[str | None, str]:
-    """The first linear layer followed by ReLU with a visible weight-gradient entry, or None and why not."""
-    layers = relu_linears(knowledge.build_model())
+    """The first linear layer followed by ReLU, wider than the batch, with more than B rows of its weight
+    gradient visible on at least B entries each; or None and why not."""
+    batch = knowledge.batch_size
+    layers = wide_relu_linears(knowledge.build_model(), batch)
     if not layers:
-        return None, "no linear layer followed by ReLU"
+        return None, f"no linear layer followed by ReLU is wider than the batch (B = {batch})"
     for layer in layers:
-        if view.visible[f"{layer}.weight"].any():
+        seen = view.visible[f"{layer}.weight"]
+        if int((seen.sum(1) >= batch).sum()) > batch:
             return layer, ""
-    return None, f"every linear layer followed by ReLU ({', '.join(layers)}) has its weight gradient hidden"
+    return None, (f"every linear layer followed by ReLU and wider than the batch ({', '.join(layers)}) shows at "
+                  f"most B = {batch} rows of its weight gradient with B visible entries")
 
 
 # ------------------------------------------------------------------------------------------ the view
@@ -252,6 +262,12 @@ class SPEAR(Attack):
         if not relu_linears(setting.model):
             return (f"needs a linear layer followed by ReLU; model '{setting.knowledge.model_name}' has none "
                     f"(SPEAR's sparsity comes from the ReLU after the layer)")
+        batch = setting.knowledge.batch_size
+        if not wide_relu_linears(setting.model, batch):
+            widths = [setting.model.get_submodule(n).out_features for n in relu_linears(setting.model)]
+            return (f"needs a linear layer followed by ReLU with more units than the batch (B = {batch}); model "
+                    f"'{setting.knowledge.model_name}' has at most {max(widths)} (SPEAR's rank-B factorization "
+                    f"separates the samples only through more than B units)")
         return super().applicable(setting)
 
     def blocked(self, view: ServerView, knowledge: Knowledge) -> str | None:
@@ -275,6 +291,9 @@ class SPEAR(Attack):
         bias_grad = knowledge.gradient(view, f"{layer}.bias").double() if f"{layer}.bias" in view.values else \
             torch.full_like(bias, float("nan"))
         f = ss.decompose(g, batch, noise=resid)
+        if len(f.rows) <= batch:
+            raise RuntimeError(f"SPEAR: only {len(f.rows)} units of layer '{layer}' are active for this batch of "
+                               f"{batch}; the rank-B factorization needs more than B")
         f = replace(f, rows=rows[f.rows])
         w = weight[:, cols]
         gen = torch.Generator().manual_seed(seed)
