@@ -29,7 +29,7 @@ demo: $(VENV)/.installed  ## the main job: default suite on the embedded digits 
 	$(VENV)/bin/leakbench run default --out $(OUT)
 
 test: $(VENV)/.installed  ## unit, property and end-to-end tests, then a small smoke of the heavy benchmarks
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15
 	$(PY) -m pytest -m heavy -k smoke tests/benchmarks
 
 # The heavy checks that decide whether the committed results can be trusted, in a cheap form (docs/testing.md):
