@@ -189,3 +189,26 @@ def test_a_client_refactors_the_whole_aggregate_and_the_server_only_its_plaintex
         est = estimate[layer.b].double().numpy() @ estimate[layer.a].double().numpy()
         assert np.abs(est - _best_rank(masked[layer], defense.r_max)).max() < 1e-5
         assert np.abs(est - new[layer.b] @ new[layer.a]).max() > 1e-4   # the encrypted columns are missing
+
+
+def test_table_14s_true_perplexity_is_the_decrypted_aggregates_and_the_masked_one_lacks_the_encrypted_columns(data):
+    """run_metrics on a causal LM: the true perplexity is the base model's plus the clients' weighted plaintext
+    Delta W (built here from their trained factors, not from the aggregate), the masked one that of the
+    server's plaintext columns alone."""
+    from defenses.shelora.measure import perplexity, run_metrics
+    fed, defense, uploads, trained, aggregate = one_round(data)
+    assert fed.data.task == "causal-lm"
+    defense.decode(fed, aggregate, fed.clients[1].party)
+    out = run_metrics(defense, fed)
+    assert out["perplexity_true"] == pytest.approx(perplexity(fed, expected_delta_w(fed, defense, uploads, trained)),
+                                                   rel=1e-4)
+    assert out["perplexity_masked"] == pytest.approx(perplexity(fed, defense.delta_w(fed, aggregate, None)), rel=1e-6)
+    assert abs(out["perplexity_true"] - out["perplexity_masked"]) > 1e-6 * out["perplexity_true"]   # random-init LM: small
+
+
+def test_an_empty_update_reparameterizes_to_zero_factors_of_the_clients_rank():
+    """No plaintext factor and no encrypted column (an adapter that did not move): B and A come back as zeros of
+    shapes (m, rank) and (rank, n), as every other case does."""
+    m, n, rank = 5, 7, 3
+    b, a = lora.reparameterize((np.zeros((m, 0)), np.zeros((0, n))), np.zeros((m, 0)), np.arange(n), rank)
+    assert b.shape == (m, rank) and a.shape == (rank, n) and not b.any() and not a.any()
