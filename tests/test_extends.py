@@ -124,3 +124,27 @@ def test_the_cli_dry_run_says_what_the_extension_runs(suites, tmp_path, capsys):
     assert main(["run", str(suites / "mine.toml"), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "base-plus-pruning: 9 cell(s)" in out and "gradient-pruning(p=0.5)" in out
+
+
+def test_a_new_setting_joins_a_narrowed_scenario_without_the_bases_row_of_that_name(suites):
+    """tiny3 narrows its defenses to plaintext, so the base's gradient-pruning(p=0.3) does not run there; the
+    extension's gradient-pruning(p=0.5) joins tiny3 alone, not the base's row of the same name."""
+    base = BASE.replace('[[defenses]]\nname = "plaintext"', '''[[scenarios]]
+name = "tiny3"
+dataset = "digits"
+model = "mlp"
+num_clients = 2
+clients_per_round = 2
+rounds = 1
+max_train = 80
+max_test = 60
+defenses = ["plaintext"]
+[[defenses]]
+name = "plaintext"
+[[defenses]]
+name = "gradient-pruning"
+params = { p = 0.3 }''', 1)
+    (suites / "base.toml").write_text(base)
+    base_suite, mine = load_suite(suites / "base.toml"), load_suite(suites / "mine.toml")
+    assert {c.defense.label for c in base_suite.cells if c.scenario.name == "tiny3"} == {"plaintext"}
+    assert {c.defense.label for c in mine.cells if c.scenario.name == "tiny3"} == {"plaintext", "gradient-pruning(p=0.5)"}

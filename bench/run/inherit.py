@@ -2,13 +2,15 @@
 
 The extending suite inherits the base's scenarios, defenses and attacks (with the scenarios each is confined to),
 and adds its own tables. A defense or attack it adds joins every base scenario, also those whose `defenses` or
-`attacks` list narrows what runs there, unless its own `scenarios` list confines it; a scenario it adds runs what
+`attacks` list narrows what runs there (by its settings' full labels, so a base row of the same name that a list
+leaves out stays out), unless its own `scenarios` list confines it; a scenario it adds runs what
 its own table says. Its name, description and notes are its own; the base's figures and paper rows come with it.
 Cell ids do not name the suite, so the base's stored cells are the extending suite's own: with the base's
 committed records at hand (`--reuse`, added by the CLI where the checkout holds them), only the added cells run.
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,8 +48,8 @@ def inherit(data: dict[str, Any], where: str,
             for scenario in scenarios[:len(base_scenarios)]:
                 listed = scenario.get(kind)
                 joins = confined is None or (isinstance(confined, list) and scenario.get("name") in confined)
-                if isinstance(listed, list) and joins and table["name"] not in listed:
-                    scenario[kind] = [*listed, table["name"]]
+                if isinstance(listed, list) and joins:
+                    scenario[kind] = [*listed, *(label for label in _labels(table) if label not in listed)]
     out = {k: v for k, v in data.items() if k != "extends"}
     out["scenarios"] = scenarios
     for key in ("defenses", "attacks", "figures", "paper"):
@@ -55,6 +57,19 @@ def inherit(data: dict[str, Any], where: str,
     if not out.get("description"):
         out["description"] = f"{base.get('description', base_name)} (extended: {data.get('name')})"
     return out, base
+
+
+def _labels(table: dict[str, Any]) -> list[str]:
+    """The full labels of a table's settings (its sweep expanded as the suite parser does): a narrowed scenario
+    takes the added settings by label, so a base row of the same name it leaves out stays out."""
+    from bench.run.spec import Component   # spec reads this module at import
+    params, sweep = table.get("params", {}), table.get("sweep", {})
+    if not isinstance(params, dict) or not isinstance(sweep, dict) or \
+            not all(isinstance(v, list) and v for v in sweep.values()):
+        return [table["name"]]   # parse_suite names the fault
+    keys = sorted(sweep)
+    return [Component(table["name"], {**params, **dict(zip(keys, combo))}).label
+            for combo in itertools.product(*(sweep[k] for k in keys))]
 
 
 def base_data(ref: str, source: str, where: str) -> dict[str, Any]:
