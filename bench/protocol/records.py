@@ -60,6 +60,13 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
+def setting_label(name: str, params: dict[str, Any]) -> str:
+    """A defense or attack setting as cells, `--only` and a scenario's narrowing list name it: name(k=v, ...)."""
+    if not params:
+        return name
+    return name + "(" + ", ".join(f"{k}={v}" for k, v in sorted(params.items())) + ")"
+
+
 def config_id(config: dict[str, Any]) -> str:
     """A cell's id: sha256 of its full config as canonical JSON, 16 hex digits (the suite name is not in it)."""
     return hashlib.sha256(_canonical(config).encode()).hexdigest()[:16]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.federation.scenario import SpecError
+from bench.protocol.records import setting_label
 from bench.run.limits import read_toml
 
 
@@ -62,13 +63,12 @@ def inherit(data: dict[str, Any], where: str,
 def _labels(table: dict[str, Any]) -> list[str]:
     """The full labels of a table's settings (its sweep expanded as the suite parser does): a narrowed scenario
     takes the added settings by label, so a base row of the same name it leaves out stays out."""
-    from bench.run.spec import Component   # spec reads this module at import
     params, sweep = table.get("params", {}), table.get("sweep", {})
     if not isinstance(params, dict) or not isinstance(sweep, dict) or \
             not all(isinstance(v, list) and v for v in sweep.values()):
         return [table["name"]]   # parse_suite names the fault
     keys = sorted(sweep)
-    return [Component(table["name"], {**params, **dict(zip(keys, combo))}).label
+    return [setting_label(table["name"], {**params, **dict(zip(keys, combo))})
             for combo in itertools.product(*(sweep[k] for k in keys))]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.federation.scenario import Scenario, SpecError, build, check_model_params, check_name, scenario_config
-from bench.protocol.records import config_id
+from bench.protocol.records import config_id, setting_label
 from bench.run.inherit import base_data, inherit
 from bench.run.limits import Limits, check_count, check_depth, check_timeout, read_toml
 from bench.run.mistakes import check_data_fields, check_notes, check_pages, check_unique, known_names
@@ -31,9 +31,7 @@ class Component:
 
     @property
     def label(self) -> str:
-        if not self.params:
-            return self.name
-        return self.name + "(" + ", ".join(f"{k}={v}" for k, v in sorted(self.params.items())) + ")"
+        return setting_label(self.name, self.params)
 
 
 @dataclass(frozen=True)
