@@ -64,6 +64,7 @@ def lm_slice(suite: str, weights: str):
     data["scenarios"], data["name"] = scenarios, f"{suite}-slice"
     data.pop("paper", None)
     data.pop("figures", None)
+    data.pop("notes", None)   # they quote cells of the whole suite, which a slice leaves out
     return parse_suite(data, f"{suite} slice")
 
 
