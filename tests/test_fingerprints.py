@@ -72,8 +72,9 @@ def test_a_module_a_defense_imports_is_part_of_it(core_cells, tree):
     before = _components(core_cells, tree)
     _edit(tree / "bench" / "federation" / "accounting.py")
     stale = _stale(before, _components(core_cells, tree))
-    accounted = ("dp-fedavg", "dp-fedavg-local", "selectiveshield", "sensecrypt")   # defenses/dp.py, selectiveshield.py,
-    # and SenseCrypt, whose package accounts its DP variant's noise (defenses/sensecrypt/clustering.py)
+    accounted = ("dp-fedavg", "dp-fedavg-local", "dp-sgd", "selectiveshield", "sensecrypt")   # defenses/dp.py,
+    # dpsgd.py, selectiveshield.py, and SenseCrypt, whose package accounts its DP variant's noise
+    # (defenses/sensecrypt/clustering.py)
     assert stale and stale == {c.label for c in core_cells if c.defense.name in accounted}
 
 
