@@ -78,3 +78,23 @@ def test_a_cell_not_computed_yet_reads_so_and_a_reference_to_no_cell_is_refused_
         with pytest.raises(SpecError, match=fault) as err:
             parse_suite(suite | {"notes": ref})
         assert "\n" not in str(err.value)
+
+
+def test_every_committed_suite_loads_and_its_notes_resolve_on_its_records():
+    """A reference that names no cell, or a metric its record lacks, fails here, not first at `leakbench site`."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    from bench.run.spec import load_suite
+    root = Path(__file__).resolve().parent.parent / "leaderboards"
+    checked = 0
+    for path in sorted((root / "suites").glob("*.toml")):
+        results = root / "results" / path.stem / "results.json"
+        notes = tomllib.loads(path.read_text()).get("notes", "")
+        if "{=" not in notes or not results.is_file():
+            continue
+        load_suite(str(path))
+        resolve(notes, json.loads(results.read_text()), path.stem)
+        checked += 1
+    assert checked >= 3
