@@ -1,6 +1,11 @@
 """Numbers in suite notes come from the records by reference (leaderboards/notes.py)."""
+import json
+import tomllib
+from pathlib import Path
+
 import pytest
 
+from bench.run.spec import load_suite
 from leaderboards.notes import NoteError, resolve
 from tests.conftest import consistent
 
@@ -82,11 +87,6 @@ def test_a_cell_not_computed_yet_reads_so_and_a_reference_to_no_cell_is_refused_
 
 def test_every_committed_suite_loads_and_its_notes_resolve_on_its_records():
     """A reference that names no cell, or a metric its record lacks, fails here, not first at `leakbench site`."""
-    import json
-    import tomllib
-    from pathlib import Path
-
-    from bench.run.spec import load_suite
     root = Path(__file__).resolve().parent.parent / "leaderboards"
     checked = 0
     for path in sorted((root / "suites").glob("*.toml")):
