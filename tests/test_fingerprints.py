@@ -82,7 +82,7 @@ def test_editing_a_dataset_module_stales_only_its_datasets(core_cells, tree):
     before = _components(core_cells, tree)
     _edit(tree / "bench" / "data" / "text.py")
     stale = _stale(before, _components(core_cells, tree))
-    text = {"sst2-sentences-cls", "sst2-sentences-cls-smollm2", "rt-polarity-smollm2"}
+    text = {"sst2-sentences-cls", "sst2-sentences-cls-smollm2", "rt-polarity-smollm2", "sst2-cls-smollm2"}
     assert stale and stale == {c.label for c in core_cells if c.scenario.dataset in text}
 
 
