@@ -49,7 +49,10 @@ def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[
     info = current(suite) if current is not None else None
     if info is None:
         return stored
-    return stored | {k: v for k, v in info.items() if v or k not in stored}   # an empty current fact keeps the run's
+    merged = stored | {k: v for k, v in info.items() if v or k not in stored}   # an empty current fact keeps the run's
+    if "chance" in stored:   # known per scenario where its data is present here: the run's stay for the others
+        merged["chance"] = stored["chance"] | (info.get("chance") or {})
+    return merged
 
 
 def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None,

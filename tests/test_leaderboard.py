@@ -266,3 +266,13 @@ def test_a_band_says_what_decided_it_and_an_interval_from_chance_is_near_chance(
     near = band("mia_auroc", 0.62, True, {"mia_auroc_ci95": [0.5, 0.74]})
     assert near.level == "resisted" and near.why == "mia_auroc 0.620: its 95% interval contains 0.5"
     assert band("mia_auroc", 0.62, True, {"mia_auroc_ci95": [0.51, 0.74]}).level == "partial"
+
+
+def test_site_keeps_the_runs_chance_accuracy_of_scenarios_whose_data_is_absent(tmp_path):
+    """Where a suite's TOML knows the chance accuracy of some scenarios only (the others' data is not here), the
+    re-rendered page keeps what the run stored for the others instead of dropping it."""
+    from leaderboards.site import page_info
+    render([rec("plain", "idlg", psnr=30.0, accuracy=0.9, suite="alpha")],
+           {"alpha": {"chance": {"s": 0.1, "absent-here": 0.5}}}, tmp_path / "alpha")
+    info = page_info("alpha", tmp_path / "alpha", lambda suite: {"chance": {"s": 0.25}, "notes": "n"})
+    assert info["chance"] == {"s": 0.25, "absent-here": 0.5} and info["notes"] == "n"
