@@ -39,6 +39,7 @@ IMAGE_ATTACKS = [
     ("idlg", {"steps": 3}),
     ("dlg", {"steps": 3}),
     ("inverting-gradients", {"steps": 3, "restarts": 1}),
+    ("fedavg-leakage", {"steps": 3, "label_samples": 8}),
     ("ilrg", {}),
     ("ilrg-guarded", {}),
     ("idlg-extended", {}),
