@@ -40,6 +40,7 @@ VIEW_REASONS = {
     "the labels are neither granted nor readable from the classifier head (hidden); dlg and inverting-gradients "
     "optimize them": "the view (a hidden head)",
     "the iDLG label rule needs a visible entry in every row of the classifier head": "the view (a hidden head)",
+    "the label counts need every entry of the classifier head's weight update (hidden here)": "the view (a hidden head)",
     "every entry the canary moves is hidden from the server": "the view",
     "no row of the block has its bias gradient and its whole weight-gradient row in the clear": "the view",
     "no row of the block has its bias gradient and a weight-gradient entry in the clear": "the view",
