@@ -80,19 +80,60 @@ def test_recovers_a_fedavg_upload_of_several_epochs_where_plain_matching_does_no
     assert score_images(without_prior.run(t.view, t.knowledge, seed=0).images, t.truth.x)["psnr"] < good
 
 
-def test_blocked_without_the_head_and_granted_labels_kept():
-    t = _target()
+def _head_view(t, keep):
+    """The view with the head's weight update seen only where `keep` (a mask of its shape) holds."""
     head = t.knowledge.head[0]
     values = {n: torch.nan_to_num(v) for n, v in t.view.values.items()}
-    plain = {n: PlainPart.of(v, np.ones(v.numel(), dtype=bool)) for n, v in values.items() if n != head}
-    hidden = ServerView.of(Upload("client-0", 0, 1.0, Payload(plain=plain)), {n: tuple(v.shape) for n, v in values.items()})
+    plain = {n: PlainPart.of(v, np.ones(v.numel(), dtype=bool) if n != head else keep.flatten().numpy())
+             for n, v in values.items() if n != head or keep.any()}
+    return ServerView.of(Upload("client-0", 0, 1.0, Payload(plain=plain)), {n: tuple(v.shape) for n, v in values.items()})
+
+
+def test_label_source_follows_what_the_view_holds_of_the_head():
+    t = _target()
+    shape = t.view.values[t.knowledge.head[0]].shape
+    partly = torch.zeros(shape, dtype=torch.bool)
+    partly[:, 0] = True                              # one entry of every row
+    row_hidden = partly.clone()
+    row_hidden[0] = False                            # a whole row hidden
+    hidden = torch.zeros(shape, dtype=torch.bool)
     attack = FedAvgLeakage()
-    assert attack.blocked(t.view, t.knowledge) is None
-    assert "classifier head" in attack.blocked(hidden, t.knowledge)
+    sources = [attack.labels_from(v, t.knowledge)[0] for v in (t.view, _head_view(t, partly),
+                                                                 _head_view(t, row_hidden), _head_view(t, hidden))]
+    assert sources == ["counts", "idlg", "optimize", "optimize"]
+    assert attack.blocked(_head_view(t, hidden), t.knowledge) is None
+    assert "classifier head" in FedAvgLeakage(label_strategy="counts").blocked(_head_view(t, partly), t.knowledge)
+    assert "every row" in FedAvgLeakage(label_strategy="idlg").blocked(_head_view(t, row_hidden), t.knowledge)
     granted = replace(t.knowledge, labels=[int(v) for v in t.truth.y])
-    assert attack.blocked(hidden, granted) is None
+    assert attack.labels_from(_head_view(t, hidden), granted)[0] == "known"
     with pytest.raises(ValueError):
         FedAvgLeakage(optimizer="sgd")
+    with pytest.raises(ValueError):
+        FedAvgLeakage(metric="l3")
+
+
+def test_partial_head_reads_labels_and_a_hidden_head_learns_them():
+    t = _target(attack_batch_size=1)
+    shape = t.view.values[t.knowledge.head[0]].shape
+    partly = torch.zeros(shape, dtype=torch.bool)
+    partly[:, ::3] = True
+    rec = FedAvgLeakage(steps=2, label_samples=8).run(_head_view(t, partly), t.knowledge, seed=0)
+    assert rec.extra["label_source"] == "idlg" and rec.labels == [int(v) for v in t.truth.y]
+    hidden = _head_view(t, torch.zeros(shape, dtype=torch.bool))
+    rec = FedAvgLeakage(steps=3, label_samples=8).run(hidden, t.knowledge, seed=0)
+    assert rec.extra["label_source"] == "optimize" and len(rec.labels) == 1 and rec.label_counts.sum() == 1
+
+
+def test_cosine_metrics_read_a_rescaled_upload_and_l2_does_not():
+    t = _target()
+    x = t.truth.x.repeat(3, 1, 1, 1)
+    y = torch.as_tensor(t.truth.y).repeat(3)
+    for metric, scale_free in (("l2", False), ("cos_sim", True), ("cos_sim_global", True)):
+        target = GradientTarget(t.view, t.knowledge)
+        target.targets = [v * 0.2 for v in target.targets]          # a clipped upload: same direction, 1/5 the norm
+        sim = Simulation(target, t.knowledge, torch.Generator().manual_seed(0), metric)
+        distance = float(sim.distance(sim.update(x, y)).detach())
+        assert (distance < 1e-3) == scale_free, (metric, distance)   # 1e-7 in the official norms: not 0
 
 
 def test_largest_remainder_never_negative():

@@ -16,18 +16,29 @@ update it produces, as the official code (eth-sri/fedavg_leakage, `--fedavg full
   convolution of 96 channels, the maximum over the epoch's images (a summary that does not depend on
   their order), squared differences of the summaries of every pair of epochs.
 - Adam, lr 0.1 decaying x0.997 every 20 steps, 400 steps (`--att_epochs 200`, run for twice that),
-  dummies from N(0, 1) (`optimizer = "lbfgs"`: L-BFGS with a strong-Wolfe line search on the same objective); the result matches every epoch's images to epoch 0's by PSNR (Hungarian
-  assignment) and averages them.
-- Labels: granted ones where the scenario grants them (the official default uses the true labels);
-  otherwise the label counts from the upload by the rule of Geng et al. (the official `aaai_avg`):
-  count_c = N (p_c - dW_c / O), with dW_c the head's weight-gradient row sum averaged over the steps,
-  p_c the mean softmax and O the mean summed head input over `label_samples` random inputs, both
-  interpolated linearly between the global model and the client's trained one over the steps and
-  averaged; rounded to N by largest remainders. Each epoch's dummies take the labels in the same order.
+  dummies from N(0, 1) (`optimizer = "lbfgs"`: L-BFGS with a strong-Wolfe line search on the same
+  objective); the result matches every epoch's images to epoch 0's by PSNR (Hungarian assignment) and
+  averages them.
+- Distance (`metric`, the official `--att_metric`): "l2" above; "cos_sim" one minus the cosine per
+  layer, layer-weighted; "cos_sim_global" one minus the cosine of the whole layer-weighted update. The
+  cosines do not depend on the update's scale, so an upload rescaled by clipping is still read.
+- Labels (`label_strategy`, "auto" tries them in this order): granted ones where the scenario grants
+  them (the official default uses the true labels); for a client of one image the iDLG rule (below),
+  exact there when the head's inputs are non-negative, and blind to the update's scale where the
+  counts are not (a clipped upload shrinks dW); "counts" from the upload by the rule of Geng et al.
+  (the official `aaai_avg`), which needs the head's whole weight update: count_c = N (p_c - dW_c / O),
+  with dW_c the head's weight-gradient row sum averaged over the steps, p_c the mean softmax and O the
+  mean summed head input over `label_samples` random inputs, both interpolated linearly between the
+  global model and the client's trained one over the steps and averaged; rounded to N by largest
+  remainders. Where only part of the head is seen, "idlg" reads the labels from the visible entries
+  of every head row; where a whole row is hidden, "optimize" learns soft labels jointly with the
+  images, as DLG (one set for the client, shared by the epochs). Each epoch's dummies take the labels
+  in the same order.
 
 Deviations, stated: inputs here are pixels in [0, 1] (theirs are normalized by the dataset's mean and
 std), so the priors act on the pixel scale and the random inputs of the label rule are uniform in the
-box; with several restarts the kept one is the best by the gradient distance (theirs picks by PSNR
+box; a client of one image takes the iDLG rule's label, not the counts; with several restarts the
+kept one is the best by the gradient distance (theirs picks by PSNR
 against the true images, an oracle; their scripts run one restart).
 """
 from __future__ import annotations
@@ -37,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from attacks.gradient.inversion import GradientInversion, GradientTarget, Recipe
+from attacks.gradient.inversion import GradientInversion, GradientTarget, Recipe, head_rows_visible, read_labels
 from bench.protocol.attack import Reconstruction
 from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
@@ -90,8 +101,8 @@ def largest_remainder(raw: np.ndarray, n: int) -> np.ndarray:
 class Simulation:
     """The client's local training replayed on E sets of dummies, and the official objective."""
 
-    def __init__(self, target: GradientTarget, knowledge: Knowledge, gen: torch.Generator) -> None:
-        self.t, self.n = target, knowledge.batch_size
+    def __init__(self, target: GradientTarget, knowledge: Knowledge, gen: torch.Generator, metric: str = "l2") -> None:
+        self.t, self.n, self.metric = target, knowledge.batch_size, metric
         self.batch = knowledge.local_batch_size or knowledge.batch_size
         per_epoch = -(-self.n // self.batch)
         self.epochs = max(1, knowledge.local_steps // per_epoch) if knowledge.update_kind == "delta" else 1
@@ -121,10 +132,15 @@ class Simulation:
         return [(start[n] - weights[n]) / t.lr for n in t.names]
 
     def distance(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """Layer-weighted squared distance to the upload on the visible entries, per mini-batch of an epoch."""
+        """Layer-weighted distance (the `metric`) to the upload on the visible entries, per mini-batch of an epoch."""
         t = self.t
-        total = sum(w * ((g - tg * self.scale) * m).pow(2).sum()
-                    for g, tg, m, w in zip(grads, t.targets, t.masks, self.layer_weights))
+        pairs = [(g * m, tg * self.scale, w) for g, tg, m, w in zip(grads, t.targets, t.masks, self.layer_weights)]
+        if self.metric == "l2":
+            total = sum(w * (g - tg).pow(2).sum() for g, tg, w in pairs)
+        elif self.metric == "cos_sim":
+            total = sum(w * cosine_distance([g], [tg]) for g, tg, w in pairs)
+        else:
+            total = cosine_distance([w * g for g, _, w in pairs], [w * tg for _, tg, w in pairs])
         return total / self.per_epoch
 
     def order_prior(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,6 +150,14 @@ class Simulation:
         feats = F.conv2d(x, self.conv, padding=1)
         summary = feats.reshape(self.epochs, self.n, *feats.shape[1:]).amax(dim=1)
         return (summary[:, None] - summary[None, :]).pow(2).mean()
+
+
+def cosine_distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+    """The official `cos_sim`: one minus the cosine of two lists of tensors taken as one vector each."""
+    dot = sum((x * y).sum() for x, y in zip(a, b))
+    norm_a = torch.sqrt(sum(x.pow(2).sum() for x in a) + 1e-7)
+    norm_b = torch.sqrt(sum(y.pow(2).sum() for y in b) + 1e-7)
+    return 1 - dot / (norm_a * norm_b)
 
 
 def total_variation_sq(x: torch.Tensor) -> torch.Tensor:
@@ -168,11 +192,14 @@ def merge_epochs(x: np.ndarray, epochs: int) -> np.ndarray:
                                     "prior, label counts from the update")
 class FedAvgLeakage(GradientInversion):
     links = {"paper": "https://openreview.net/forum?id=e7A0B99zJf", "code": "https://github.com/eth-sri/fedavg_leakage"}
-    strategies = ("auto", "known", "counts")
+    strategies = ("auto", "known", "counts", "idlg", "optimize")
+    metrics = ("l2", "cos_sim", "cos_sim_global")
 
     def __init__(self, steps: int = 400, restarts: int = 1, lr: float = 0.1, tv: float = 2e-4, box: float = 10.0,
                  order: float = 6.075, factor_start: float = 4.0, factor_end: float = 2.0, label_samples: int = 3000,
-                 optimizer: str = "adam", label_strategy: str = "auto") -> None:
+                 optimizer: str = "adam", label_strategy: str = "auto", metric: str = "l2") -> None:
+        if metric not in self.metrics:
+            raise ValueError(f"metric '{metric}' must be one of {', '.join(self.metrics)}")
         if steps < 2 or label_samples < 1:
             raise ValueError(f"steps must be >= 2 and label_samples >= 1; got {steps}, {label_samples}")
         if not lr > 0 or min(tv, box, order) < 0 or not factor_start > 0 or not factor_end > 0:
@@ -180,62 +207,84 @@ class FedAvgLeakage(GradientInversion):
         super().__init__(Recipe(objective="l2", optimizer=optimizer, steps=steps, lr=lr, restarts=restarts, tv=tv),
                          label_strategy, steps=steps, restarts=restarts, lr=lr, tv=tv, box=box, order=order,
                          factor_start=factor_start, factor_end=factor_end, label_samples=label_samples,
-                         optimizer=optimizer)
+                         optimizer=optimizer, metric=metric)
+        self.metric = metric
         self.steps, self.restarts, self.lr, self.optimizer = steps, restarts, lr, optimizer
         self.tv, self.box, self.order, self.label_samples = tv, box, order, label_samples
         self.factor_start, self.factor_end = factor_start, factor_end
 
     def labels_from(self, view: ServerView, knowledge: Knowledge) -> tuple[str | None, str | None]:
-        if self.label_strategy in ("auto", "known") and knowledge.labels is not None:
+        """The first source of `label_strategy`'s order that this view allows, or None and why none does."""
+        strategy = self.label_strategy
+        if strategy in ("auto", "known") and knowledge.labels is not None:
             return "known", None
-        if self.label_strategy == "known":
+        if strategy == "known":
             return None, "label_strategy 'known' needs a scenario that grants the attacker the labels"
+        if strategy == "auto" and knowledge.batch_size == 1 and head_rows_visible(view, knowledge):
+            return "idlg", None          # exact for one image, and blind to the update's scale (clipping)
         head = knowledge.head[0]
-        if head and head in view.visible and bool(view.visible[head].all()):
+        if strategy in ("auto", "counts") and head and head in view.visible and bool(view.visible[head].all()):
             return "counts", None
-        return None, "the label counts need every entry of the classifier head's weight update (hidden here)"
+        if strategy == "counts":
+            return None, "the label counts need every entry of the classifier head's weight update (hidden here)"
+        if strategy in ("auto", "idlg") and head_rows_visible(view, knowledge):
+            return "idlg", None
+        if strategy == "idlg":
+            return None, "the iDLG label rule needs a visible entry in every row of the classifier head"
+        return "optimize", None
 
     def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
         source, _ = self.labels_from(view, knowledge)
         target = GradientTarget(view, knowledge)
         gen = torch.Generator().manual_seed(seed)
-        if source == "known":
-            counts = np.bincount(knowledge.labels, minlength=knowledge.num_classes)
-        else:
+        labels = None
+        if source == "counts":
             update = {n: -t.cpu() * knowledge.lr * knowledge.local_steps for n, t in zip(target.names, target.targets)}
             counts = label_counts(target, knowledge, update, self.label_samples, gen)
-        labels = np.repeat(np.arange(knowledge.num_classes), counts)
-        labels = labels[torch.randperm(len(labels), generator=gen).numpy()]
-        sim = Simulation(target, knowledge, gen)
-        y = torch.tensor(np.tile(labels, sim.epochs), device=target.device)
+            labels = np.repeat(np.arange(knowledge.num_classes), counts)
+            labels = labels[torch.randperm(len(labels), generator=gen).numpy()]
+        elif source != "optimize":
+            labels = np.asarray(read_labels(source, view, knowledge))
+        sim = Simulation(target, knowledge, gen, self.metric)
         best = None
         for trial in range(self.restarts):
-            x, dist, steps = self._trial(sim, y, knowledge, torch.Generator().manual_seed(seed * 7919 + trial))
-            if best is None or dist < best[1]:
-                best = (x, dist, steps)
-        x, dist, steps = best
+            x, found, dist, steps = self._trial(sim, labels, knowledge,
+                                                torch.Generator().manual_seed(seed * 7919 + trial))
+            if best is None or dist < best[2]:
+                best = (x, found, dist, steps)
+        x, labels, dist, steps = best
+        counts = np.bincount(labels, minlength=knowledge.num_classes)
         images = merge_epochs(x.clamp(0, 1).cpu().numpy(), sim.epochs)
         return Reconstruction(label_counts=counts, labels=[int(c) for c in labels], images=torch.from_numpy(images),
                               extra={"grad_loss": dist, "steps": steps, "label_source": source,
                                      "matched_parameters": len(target.names), "replayed_steps": knowledge.local_steps,
                                      "epochs_simulated": sim.epochs})
 
-    def _trial(self, sim: Simulation, y: torch.Tensor, knowledge: Knowledge, gen: torch.Generator):
-        """One run of the optimizer from N(0, 1) dummies; the last iterate, its update distance and the steps taken."""
-        x = torch.randn((len(y), *knowledge.input_shape), generator=gen).to(sim.t.device).requires_grad_(True)
+    def _trial(self, sim: Simulation, labels: np.ndarray | None, knowledge: Knowledge, gen: torch.Generator):
+        """One run of the optimizer from N(0, 1) dummies (and N(0, 1) label logits where `labels` is None): the last
+        iterate, its labels, its update distance and the steps taken."""
+        n = knowledge.batch_size
+        x = torch.randn((n * sim.epochs, *knowledge.input_shape), generator=gen).to(sim.t.device).requires_grad_(True)
+        logits = torch.randn((n, knowledge.num_classes), generator=gen).to(sim.t.device).requires_grad_(labels is None)
+        fixed = None if labels is None else torch.tensor(np.tile(labels, sim.epochs), device=sim.t.device)
+
+        def targets() -> torch.Tensor:
+            return fixed if fixed is not None else logits.softmax(dim=1).repeat(sim.epochs, 1)
+
+        variables = [x] + ([logits] if labels is None else [])
         half = self.steps // 2
         alpha = np.exp(np.log(self.factor_end / self.factor_start) / half)
         factor, steps = self.factor_start, 0
 
         def objective() -> torch.Tensor:
-            return factor * sim.distance(sim.update(x, y)) + self.tv * total_variation_sq(x) \
+            return factor * sim.distance(sim.update(x, targets())) + self.tv * total_variation_sq(x) \
                 + self.box * box_prior(x) + self.order * sim.order_prior(x)
 
         if self.optimizer == "lbfgs":
-            opt = torch.optim.LBFGS([x], lr=self.lr, line_search_fn="strong_wolfe")
+            opt = torch.optim.LBFGS(variables, lr=self.lr, line_search_fn="strong_wolfe")
             sched = None
         else:
-            opt = torch.optim.Adam([x], lr=self.lr)
+            opt = torch.optim.Adam(variables, lr=self.lr)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.997 ** (i / 20))
 
         def closure() -> torch.Tensor:
@@ -246,13 +295,15 @@ class FedAvgLeakage(GradientInversion):
 
         for steps in range(1, self.steps + 1):
             factor = min(factor * alpha, self.factor_end) if alpha >= 1 else max(factor * alpha, self.factor_end)
-            before = x.detach().clone()
+            before = [v.detach().clone() for v in variables]
             loss = opt.step(closure)
-            if not torch.isfinite(loss) or not torch.isfinite(x).all():
+            if not torch.isfinite(loss) or not all(torch.isfinite(v).all() for v in variables):
                 with torch.no_grad():
-                    x.copy_(before)
+                    for v, b in zip(variables, before):
+                        v.copy_(b)
                 break
             if sched is not None:
                 sched.step()
-        dist = float(sim.distance(sim.update(x, y)).detach())
-        return x.detach(), dist if np.isfinite(dist) else float("inf"), steps
+        dist = float(sim.distance(sim.update(x, targets())).detach())
+        found = labels if labels is not None else logits.detach().argmax(dim=1).cpu().numpy()
+        return x.detach(), found, dist if np.isfinite(dist) else float("inf"), steps
