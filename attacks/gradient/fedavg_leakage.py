@@ -9,7 +9,7 @@ update it produces, as the official code (eth-sri/fedavg_leakage, `--fedavg full
   dummies are free variables. The simulated update is the sum of the step gradients, (w_0 - w_K) / lr,
   compared with the upload on the entries the server sees (hidden entries masked out).
 - Objective (`--att_metric l2 --att_exp_layers`): squared distance per layer, layer l weighted by e^-l
-  (the first layer weighs most), divided by the mini-batches per epoch and scaled by a factor decaying
+  (the first layer weighs most), divided by the mini-batches of all epochs and scaled by a factor decaying
   geometrically from 4 to 2 over the first half of the run; plus total variation (squared neighbour
   differences, periodic, summed per image, as theirs), a box prior (squared distance outside [0, 1]) and
   the epoch order-invariant prior `l2_max_conv`: each epoch's dummies through one random 3x3
@@ -20,8 +20,10 @@ update it produces, as the official code (eth-sri/fedavg_leakage, `--fedavg full
   objective); the result matches every epoch's images to epoch 0's by PSNR (Hungarian assignment) and
   averages them.
 - Distance (`metric`, the official `--att_metric`): "l2" above; "cos_sim" one minus the cosine per
-  layer, layer-weighted; "cos_sim_global" one minus the cosine of the whole layer-weighted update. The
-  cosines do not depend on the update's scale, so an upload rescaled by clipping is still read.
+  layer, layer-weighted; "cos_sim_global" one minus the layer-weighted dot product over the product of
+  the two whole updates' (unweighted) norms. The cosines do not depend on the update's scale, so an
+  upload rescaled by clipping is still read. Simulation and distances equal the official functions'
+  on the same inputs (tests/test_fedavg_leakage.py, fixture written by their code).
 - Labels (`label_strategy`, "auto" tries them in this order): granted ones where the scenario grants
   them (the official default uses the true labels); for a client of one image the iDLG rule (below),
   exact there when the head's inputs are non-negative, and blind to the update's scale where the
@@ -48,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from attacks.gradient.inversion import GradientInversion, GradientTarget, Recipe, head_rows_visible, read_labels
+from attacks.gradient.inversion import GradientInversion, GradientTarget, Recipe, label_source, read_labels
 from bench.protocol.attack import Reconstruction
 from bench.protocol.view import Knowledge, ServerView
 from bench.registry import ATTACKS
@@ -108,6 +110,8 @@ class Simulation:
         self.epochs = max(1, knowledge.local_steps // per_epoch) if knowledge.update_kind == "delta" else 1
         self.per_epoch = per_epoch if knowledge.update_kind == "delta" else 1
         self.scale = float(knowledge.local_steps if knowledge.update_kind == "delta" else 1)
+        # the official divisor: mini-batches over all epochs' dummies, ceil(E N / b) (theirs in every mode)
+        self.batches = -(-(self.epochs * self.n) // self.batch) if knowledge.update_kind == "delta" else 1
         layers = list(dict.fromkeys(name.rsplit(".", 1)[0] for name in target.names))
         self.layer_weights = [float(np.exp(-layers.index(name.rsplit(".", 1)[0]))) for name in target.names]
         channels = knowledge.input_shape[0]
@@ -132,16 +136,19 @@ class Simulation:
         return [(start[n] - weights[n]) / t.lr for n in t.names]
 
     def distance(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """Layer-weighted distance (the `metric`) to the upload on the visible entries, per mini-batch of an epoch."""
+        """Layer-weighted distance (the `metric`) to the upload on the visible entries, per mini-batch."""
         t = self.t
         pairs = [(g * m, tg * self.scale, w) for g, tg, m, w in zip(grads, t.targets, t.masks, self.layer_weights)]
         if self.metric == "l2":
             total = sum(w * (g - tg).pow(2).sum() for g, tg, w in pairs)
         elif self.metric == "cos_sim":
             total = sum(w * cosine_distance([g], [tg]) for g, tg, w in pairs)
-        else:
-            total = cosine_distance([w * g for g, _, w in pairs], [w * tg for _, tg, w in pairs])
-        return total / self.per_epoch
+        else:       # theirs: the layer weights on the dot product only, the norms unweighted
+            dot = sum(w * (g * tg).sum() for g, tg, w in pairs)
+            norm_g = torch.sqrt(sum(g.pow(2).sum() for g, _, _ in pairs) + 1e-7)
+            norm_t = torch.sqrt(sum(tg.pow(2).sum() for _, tg, _ in pairs) + 1e-7)
+            total = 1 - dot / (norm_g * norm_t)
+        return total / self.batches
 
     def order_prior(self, x: torch.Tensor) -> torch.Tensor:
         """l2_max_conv: the epochs' max-pooled random-convolution summaries should agree."""
@@ -214,24 +221,15 @@ class FedAvgLeakage(GradientInversion):
         self.factor_start, self.factor_end = factor_start, factor_end
 
     def labels_from(self, view: ServerView, knowledge: Knowledge) -> tuple[str | None, str | None]:
-        """The first source of `label_strategy`'s order that this view allows, or None and why none does."""
-        strategy = self.label_strategy
-        if strategy in ("auto", "known") and knowledge.labels is not None:
-            return "known", None
-        if strategy == "known":
-            return None, "label_strategy 'known' needs a scenario that grants the attacker the labels"
-        if strategy == "auto" and knowledge.batch_size == 1 and head_rows_visible(view, knowledge):
-            return "idlg", None          # exact for one image, and blind to the update's scale (clipping)
+        """The counts where the whole head is seen and the batch holds several images; else the inversions' rule."""
         head = knowledge.head[0]
-        if strategy in ("auto", "counts") and head and head in view.visible and bool(view.visible[head].all()):
+        whole_head = bool(head and head in view.visible and view.visible[head].all())
+        if self.label_strategy == "counts":
+            return ("counts", None) if whole_head else \
+                (None, "the label counts need every entry of the classifier head's weight update (hidden here)")
+        if self.label_strategy == "auto" and knowledge.labels is None and knowledge.batch_size > 1 and whole_head:
             return "counts", None
-        if strategy == "counts":
-            return None, "the label counts need every entry of the classifier head's weight update (hidden here)"
-        if strategy in ("auto", "idlg") and head_rows_visible(view, knowledge):
-            return "idlg", None
-        if strategy == "idlg":
-            return None, "the iDLG label rule needs a visible entry in every row of the classifier head"
-        return "optimize", None
+        return label_source(self.label_strategy, view, knowledge)   # one image: iDLG, exact and blind to clipping
 
     def run(self, view: ServerView, knowledge: Knowledge, seed: int) -> Reconstruction:
         source, _ = self.labels_from(view, knowledge)
