@@ -161,7 +161,7 @@ def test_simulation_and_objective_equal_the_official_code_on_the_same_inputs(met
     """eth-sri/fedavg_leakage's own functions (`--fedavg full_many`, each `--att_metric`, priors off), run on this
     client's weights, upload and dummies by tests/fixtures/fedavg_leakage_official_fixture.py."""
     fixture = json.loads(OFFICIAL.read_text())
-    t = federate(tiny_suite(["plaintext"], [("fedavg-leakage", {})], **fixture["scenario"]).cells[0], None).targets[0]
+    t = _target(**fixture["scenario"])
     target = GradientTarget(t.view, t.knowledge)
     inputs = fixture["inputs"]
     for name, p in target.model.named_parameters():      # the same client as when the fixture was written
