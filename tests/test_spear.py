@@ -4,6 +4,7 @@ CNN's first fully connected layer and a model it does not apply to."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from bench.protocol.view import ServerView
 from bench.protocol.wire import Payload, PlainPart, Upload
 from bench.run.cells import federate, run_group
 from bench.run.preflight import preflight
+from bench.run.spec import load_suite
 from tests.conftest import tiny_suite
 
 UNIFORM = {"prior_steps": 0, "samples": 3000, "rounds": 2}   # the paper's uniform sampling: enough at B = 6
@@ -260,9 +262,6 @@ def test_spear_is_blocked_where_at_most_b_rows_of_the_layer_show_b_entries():
 def test_spear_recovers_a_batch_of_32_digits_whatever_its_sampling_seed(seed, data_root):
     """Core's third B = 32 batch on the digits MLP's 256 units: 12 sampling rounds left it to the seed; the default
     rounds recover it under either (several minutes of one core each)."""
-    from pathlib import Path
-
-    from bench.run.spec import load_suite
     suite = load_suite(str(Path(__file__).parents[1] / "leaderboards/suites/core.toml"))
     cell = next(c for c in suite.cells if (c.scenario.name, c.defense.name, c.attack.name)
                 == ("mnist-mlp-utility", "plaintext", "spear"))
