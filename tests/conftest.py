@@ -64,6 +64,15 @@ def consistent(rec: dict) -> dict:
 
 
 @pytest.fixture
+def small_kde(monkeypatch):
+    """KDE mutual information (metrics/leakage.py) on 200 sampled entries instead of 2,000. It scores every cell, and
+    its kernel density fits on 2,000 points are most of an end-to-end grid's time (12 of 15 s a defense); tests of
+    the metric's values (tests/test_kde_mi.py) and of committed records keep the default. In-process runs only."""
+    from metrics import leakage
+    monkeypatch.setitem(leakage.kde_mutual_information.__kwdefaults__, "max_samples", 200)
+
+
+@pytest.fixture
 def data_root():
     root = os.environ.get("LEAKBENCH_DATA")
     if not root:

@@ -9,6 +9,8 @@ from bench.run.cells import run_group
 from bench.run.preflight import preflight
 from tests.conftest import tiny_suite
 
+pytestmark = pytest.mark.usefixtures("small_kde")   # KDE MI on 200 entries: it scores every cell
+
 GRID_DEFENSES = [
     ("plaintext", {}),
     ("fedhe-full", {}),

@@ -26,7 +26,7 @@ def tree(tmp_path):
 
 def _components(cells, root):
     """Computed afresh: the hashes are cached per process, which never sees its own tree change."""
-    for cached in (version.component_hash, version.harness_modules, closure._imports):
+    for cached in (version.component_hash, version.harness_hash, version.harness_modules, closure._imports):
         cached.cache_clear()
     return {c.label: cell_components(c, plugins={}, root=str(root)) for c in cells}
 

@@ -18,6 +18,8 @@ from bench.registry import SUITES
 from bench.run.spec import parse_suite
 from tests.conftest import run_every_cell
 
+pytestmark = pytest.mark.usefixtures("small_kde")   # KDE MI on 200 entries: it scores every cell
+
 SLICE = {"rounds": 1, "attack_round": 0, "local_epochs": 1, "attack_repeats": 1}
 # per scenario: the defenses the slice keeps (every kind of row once: HE, plaintext, both SHE-LoRA inits, budget matching)
 KEEP = {

@@ -1,6 +1,6 @@
 """The paper suites' CI slices: each built-in file itself, every scenario shrunk to one round, end to end.
 
-Only scale knobs change: rounds, clients, local epochs, data subsets, attacked batches, attack steps,
+Only scale knobs change: rounds, clients, local epochs, data subsets, attacked batches, attack steps and samples,
 ResNet-18's channel width (8 instead of 64: same depth, blocks and parameter names, 1/60 of the
 parameters), the FCN's hidden width, Paillier key sizes (512 bits, test-only) and slices, MaskCrypt's
 Paillier union cap, and in selectiveshield-paper three defenses per scenario (the first two and the last);
@@ -16,10 +16,13 @@ from bench.registry import SUITES
 from bench.run.spec import parse_suite
 from tests.conftest import run_every_cell
 
+pytestmark = pytest.mark.usefixtures("small_kde")   # KDE MI on 200 entries: it scores every cell
+
 SLICE = {"rounds": 1, "local_epochs": 1, "max_test": 64, "attack_repeats": 1}
 # the FCN keeps twice the largest sliced batch (8) in its ReLU layer, which SPEAR reads row by row
 MODEL_PARAMS = {"resnet18": {"width": 8}, "fcn": {"hidden": 16}}
-ATTACK_PARAMS = {"inverting-gradients": {"steps": 2, "restarts": 1}}
+ATTACK_PARAMS = {"inverting-gradients": {"steps": 2, "restarts": 1},
+                 "spear": {"samples": 200, "rounds": 2, "prior_steps": 3}}   # sampling rounds and their size
 DEFENSE_PARAMS = {"sensecrypt": {"key_bits": 512, "paillier_slice": 16},
                   "paillier-full": {"key_bits": 512, "paillier_slice": 16},
                   "maskcrypt-paillier": {"key_bits": 512, "union_cap": 0.002}}

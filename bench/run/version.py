@@ -137,8 +137,10 @@ def harness_modules(root: str = str(ROOT)) -> frozenset[str]:
                    stop=(*PLUGIN_PACKAGES, *IDENTIFY_ONLY))
 
 
+@functools.lru_cache(maxsize=None)
 def harness_hash(root: str = str(ROOT)) -> str:
-    """sha256 (16 hex digits) of the harness modules' sources."""
+    """sha256 (16 hex digits) of the harness modules' sources; once per process, like `component_hash`: a process
+    computes with the code it imported, and a suite's thousands of cells then read the files once, not each."""
     return _hash_modules(root, harness_modules(root))
 
 
