@@ -52,10 +52,8 @@ def _same_as_in_process(suite: str, tmp_path: Path) -> None:
     assert_same(comparable(local / "results.json"), comparable(ray / "results.json"))
 
 
-def test_ray_gives_the_in_process_results_on_smoke(ray_session, tmp_path):
-    _same_as_in_process("smoke", tmp_path)
-
-
+# on the smoke suite: tests/benchmarks/test_bench_executors.py::test_executors_smoke (CI's make test) compares Ray and
+# the process pool with in-process; the grid test below, the default run's check, does so on many groups at once
 @pytest.mark.heavy
 def test_ray_gives_the_in_process_results_on_default(ray_session, tmp_path):
     _same_as_in_process("default", tmp_path)
