@@ -275,7 +275,7 @@ def _outcome(o) -> str:
 def _verify(args) -> int:
     from bench.models import torch_device
     from bench.run.verify import DEFAULT_SAMPLE, Tolerance, verify
-    from leaderboards.export import load_records
+    from bench.evaluation.exports import load_records
 
     torch_device.use(args.device)
     tolerance = Tolerance.parse(args.tolerance)
@@ -335,7 +335,7 @@ def _chance(suite) -> dict[str, float]:
 
 
 def _compare(args) -> int:
-    from leaderboards.export import differences
+    from bench.evaluation.exports import differences
 
     rows, common = differences(args.out_a, args.out_b)
     for row in rows:

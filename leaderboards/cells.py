@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from leaderboards.formats import interval, is_number, number, spread
+from bench.evaluation.formats import interval, is_number, number, spread
 
 
 class Notes:

@@ -2,8 +2,8 @@
 settings in one utility scenario per attack family, beside the undefended row.
 
 One panel per (scenario, family of an attack calibrated there) in a scenario that measures utility
-(leaderboards/usefulness.py). Every (defense, parameters) row of the scenario is a point: across, its utility loss
-against the undefended row with the 95% interval as a bar (leaderboards/utility_loss.py); up, the strongest
+(bench/evaluation/usefulness.py). Every (defense, parameters) row of the scenario is a point: across, its utility loss
+against the undefended row with the 95% interval as a bar (bench/evaluation/utility_loss.py); up, the strongest
 calibrated attack's worst case on the family's headline metric (the grid's headline: PSNR for images, AUROC for
 membership, ...), oriented so that up is more leakage; its HE time per round as the marker's area. The Pareto
 front (no other point has less loss and less leakage, one of them strictly) is marked and joined by a step line.
@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from leaderboards.calibration import calibrate, calibrated, record_verdict
-from leaderboards.formats import is_number
+from bench.evaluation.calibration import calibrate, calibrated, record_verdict
+from bench.evaluation.formats import is_number
 from leaderboards.grid import HE_TIME, headline
 from leaderboards.safe import site_href
-from leaderboards.schema import attack_label, defense_label, family, schema_of
-from leaderboards.usefulness import measures_utility
-from leaderboards.utility_loss import diverged_text, run_of, undefended_run, utility_loss
+from bench.evaluation.schema import attack_label, defense_label, family, schema_of
+from bench.evaluation.usefulness import measures_utility
+from bench.evaluation.utility_loss import diverged_text, run_of, undefended_run, utility_loss
 
 WIDTH, HEIGHT = 440, 300
 LEFT, RIGHT, TOP, BOTTOM = 62, 14, 14, 46

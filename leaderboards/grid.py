@@ -2,30 +2,30 @@
 
 RobustBench's idea: one protocol, every entry run the same way, so rows compare. Columns are the attacks
 (grouped by family, as their records name it); a cell is that attack on that defense in the core scenarios
-where it ran, with its verdict band (leaderboards/verdicts.py), the metric that drove the band, the headline
+where it ran, with its verdict band (bench/evaluation/verdicts.py), the metric that drove the band, the headline
 value with its 95% interval and the number of attacked uploads, and a link to the scenario's table. A cell
-says "no verdict" where the attack fails on the undefended row of its scenario (leaderboards/calibration.py),
+says "no verdict" where the attack fails on the undefended row of its scenario (bench/evaluation/calibration.py),
 "n/a" where the defense cannot apply to the scenario (with its declared reason), "blocked by design" where
-the view or protocol prevents the attack. Utility (leaderboards/usefulness.py) and HE cost come from the same
+the view or protocol prevents the attack. Utility (bench/evaluation/usefulness.py) and HE cost come from the same
 scenarios; each row counts the applicable attacks it was measured against. An attack run on FedSGD gradients
 and on FedAvg deltas gets a column for each, and so does an attack run on the trained model (a cell whose
 scenario attacks at a round in the second half of training: attack_round >= rounds / 2) beside its round-0
 column. Rows follow leaderboards/ordering.py's stated rule; a row's utility is its loss against the undefended
-row of each scenario that measures utility, with a 95% interval (leaderboards/utility_loss.py).
+row of each scenario that measures utility, with a 95% interval (bench/evaluation/utility_loss.py).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from leaderboards.calibration import calibrate, record_verdict
-from leaderboards.formats import interval, is_number, number
+from bench.evaluation.calibration import calibrate, record_verdict
+from bench.evaluation.formats import interval, is_number, number
 from leaderboards.ordering import LEAKING, order
 from leaderboards.safe import site_href
-from leaderboards.schema import MALICIOUS, family, schema_of
+from bench.evaluation.schema import MALICIOUS, family, schema_of
 from leaderboards.tables import FAMILY_ORDER, attack_label, defense_label, sources
-from leaderboards.usefulness import measures_utility, useless
-from leaderboards.utility_loss import diverged_text, run_of, undefended_run, utility_loss
-from leaderboards.verdicts import BANDS, LEVELS, Verdict, worst
+from bench.evaluation.usefulness import measures_utility, useless
+from bench.evaluation.utility_loss import diverged_text, run_of, undefended_run, utility_loss
+from bench.evaluation.verdicts import BANDS, LEVELS, Verdict, worst
 
 GRID_FAMILIES = FAMILY_ORDER[:-1] + ("audit",)
 FEDAVG = " · FedAvg update"   # a column of an attack on a local-training delta beside its FedSGD column
@@ -201,7 +201,7 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
 
 def _utility(mine, records, href) -> list[dict[str, Any]]:
     """Per core scenario that measures utility: the row's loss against the undefended row's utility there, with its
-    95% interval (leaderboards/utility_loss.py), the largest relative loss first (a drop in accuracy and a rise in
+    95% interval (bench/evaluation/utility_loss.py), the largest relative loss first (a drop in accuracy and a rise in
     perplexity compare as fractions of the undefended value, not in their own units)."""
     out = []
     for s in dict.fromkeys(r["scenario"] for r in mine):

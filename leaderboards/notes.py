@@ -14,52 +14,13 @@ an unverified record (bench/protocol/records.py's reading rule) reads "(unverifi
 """
 from __future__ import annotations
 
-import fnmatch
 import re
 from typing import Any, Callable
 
-from leaderboards.formats import interval, is_number, number
-from leaderboards.schema import schema_of
+from bench.evaluation.formats import interval, is_number, number
+from bench.evaluation.pages import REFERENCE, NoteError, named_cells, parsed_reference
+from bench.evaluation.schema import schema_of
 from leaderboards.tables import attack_label, defense_label
-
-REFERENCE = re.compile(r"\{=\s*(.*?)\s*=\}", re.DOTALL)
-
-
-class NoteError(ValueError):
-    """A reference in a suite's notes that names no cell, several, or a metric the cell lacks."""
-
-
-def _parsed(match: re.Match, suite: str) -> tuple[list[str], str]:
-    """A reference's words (CELL METRIC [ci]) and where it stands, for errors; NoteError when malformed."""
-    words = match.group(1).split()
-    where = f"notes of suite '{suite}': {match.group(0)}"
-    if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "ci"):
-        raise NoteError(f"{where} must read {{= scenario/defense/attack METRIC =}} (or METRIC ci, or status)")
-    return words, where
-
-
-def _named(cell: str, full: dict[str, Any], bare: dict[str, list]) -> list:
-    """What a reference's CELL names: its full label, the same with names only, or a glob over full labels."""
-    if cell in full:
-        return [full[cell]]
-    return bare.get(cell) or [v for k, v in full.items() if fnmatch.fnmatchcase(k, cell)]
-
-
-def check_references(text: str, cells: list[tuple[str, str]], suite: str) -> None:
-    """At suite load: every reference names exactly one of the suite's cells, given as (full label, label with
-    names only) pairs; NoteError in one line otherwise. Its metric is checked when the page renders."""
-    full = {label: label for label, _ in cells}
-    bare: dict[str, list] = {}
-    for label, names in cells:
-        bare.setdefault(names, []).append(label)
-    for match in REFERENCE.finditer(text):
-        words, where = _parsed(match, suite)
-        hits = _named(words[0], full, bare)
-        if len(hits) != 1:
-            some = ", ".join(sorted(hits)[:3])
-            raise NoteError(f"{where} names {len(hits)} cells of the suite{': ' + some if some else ''}; name "
-                            "exactly one (its full label, as `leakbench run --dry-run` lists it)")
-
 
 def resolve(text: str, records: list[dict[str, Any]], suite: str,
             trusted: Callable[[dict[str, Any]], bool] | None = None) -> str:
@@ -76,9 +37,9 @@ def resolve(text: str, records: list[dict[str, Any]], suite: str,
         return text if rec is None or trusted is None or trusted(rec) else f"{text} (unverified)"
 
     def cell_value(match: re.Match) -> tuple[dict[str, Any] | None, str]:
-        words, where = _parsed(match, suite)
+        words, where = parsed_reference(match, suite)
         cell, metric = words[0], words[1]
-        hits = _named(cell, full, bare)
+        hits = named_cells(cell, full, bare)
         if not hits:   # a cell of the suite (checked at load) this folder has no record of yet
             return None, "(not computed)"
         if len(hits) != 1:

@@ -7,7 +7,7 @@ subset of B's: every family that reaches A's clients also reaches B's, and more.
 of that partial order: a row is placed only when no row left dominates it, and among the rows that may go next,
 the smaller share of calibrated cells leaked goes first, then the smaller utility loss, then the name. Two tiers
 stand before it: a row whose model has no utility in a scenario that measures it (diverged, or at chance:
-leaderboards/usefulness.py) ranks below every useful row, and a row without any calibrated verdict (n/a, no
+bench/evaluation/usefulness.py) ranks below every useful row, and a row without any calibrated verdict (n/a, no
 verdict or not run throughout) below every judged row of its group, since it has no evidence to dominate with.
 """
 from __future__ import annotations

@@ -4,13 +4,13 @@ A family column is whatever families the records carry (reference rows, the floo
 cell is the worst case for the defended client measured anywhere: over every suite, scenario,
 configuration of the defense and attack of that family, the headline metric (the first of
 tables.HEADLINE the family reports, else its first privacy metric) at its worst, with the verdict
-band (leaderboards/verdicts.py) of the family's banded metrics at their worst, and a link to the
+band (bench/evaluation/verdicts.py) of the family's banded metrics at their worst, and a link to the
 suite and scenario it comes from. "Blocked by design" only where every attack of the family was
 blocked wherever the defense met one.
 
 Utility cost: the largest drop of the scenario's utility metric (accuracy, else perplexity, else
 the first utility metric with a direction) below the best row of the same scenario, only in scenarios
-that measure utility (leaderboards/usefulness.py: the undefended model learns); scenarios with one
+that measure utility (bench/evaluation/usefulness.py: the undefended model learns); scenarios with one
 defense (however many of its settings) say nothing, and a diverged training reads "diverged at round r".
 HE cost: the largest homomorphic-encryption time per round (encrypt + aggregate + decrypt) and that
 cell's upload size against the scenario's leanest. Utility and HE cost are read from every record of a
@@ -22,14 +22,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from leaderboards.calibration import calibrate, calibrated
-from leaderboards.formats import is_number, number
+from bench.evaluation.calibration import calibrate, calibrated
+from bench.evaluation.formats import is_number, number
 from leaderboards.safe import site_href
-from leaderboards.schema import family, schema_of
-from leaderboards.usefulness import measures_utility, useless
-from leaderboards.utility_loss import diverged_round, diverged_text
+from bench.evaluation.schema import family, schema_of
+from bench.evaluation.usefulness import measures_utility, useless
+from bench.evaluation.utility_loss import diverged_round, diverged_text
 from leaderboards.tables import FAMILY_ORDER, HEADLINE, attack_label, defense_label, sources
-from leaderboards.verdicts import BANDS, LEVELS, Verdict, band, worst
+from bench.evaluation.verdicts import BANDS, LEVELS, Verdict, band, worst
 
 UTILITY = ("accuracy", "perplexity", "lm_loss")
 HE_TIME = ("he_encrypt_s", "he_aggregate_s", "he_decrypt_s")

@@ -26,42 +26,9 @@ from __future__ import annotations
 from itertools import product
 from typing import Any
 
-from leaderboards.figures import IDENTITY, check_names, check_table, check_types, lookup
-from leaderboards.formats import is_number, number
-from leaderboards.schema import schema_of
-
-PAPER_KEYS = {"metric", "reported", "source", "scenario", "defense", "attack", "where", "note", "baseline",
-              "reported_by", "tolerance"}
-REPORTERS = ("paper", "official code")
-TOLERANCE = 0.1
-
-
-def _reported(value: Any) -> tuple[float, float] | None:
-    if is_number(value):
-        return float(value), float(value)
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(is_number(v) for v in value) \
-            and value[0] <= value[1]:
-        return float(value[0]), float(value[1])
-    return None
-
-
-def check_paper(spec: dict[str, Any], known: dict[str, set[str]] | None = None) -> None:
-    """The row's keys and values; with `known` (the suite's names, leaderboards/figures.py check_names), its
-    metric, filters and baseline too: a row naming what no record holds would read "–" beside the paper."""
-    check_table(spec, "a [[paper]] row", 'metric = "lnacc", reported = 0.99, source = "..."')
-    check_types(spec, ("metric", "source", "note", "reported_by", *IDENTITY))
-    unknown = set(spec) - PAPER_KEYS
-    base = spec.get("baseline", {})
-    if unknown or "metric" not in spec or _reported(spec.get("reported")) is None or not isinstance(base, dict) \
-            or set(base) - {*IDENTITY, "where"} or spec.get("reported_by", "paper") not in REPORTERS \
-            or not (is_number(spec.get("tolerance", TOLERANCE)) and spec.get("tolerance", TOLERANCE) >= 0):
-        raise ValueError(f"a [[paper]] row needs metric and a numeric reported value (or [lo, hi]), reported_by "
-                         f"one of {', '.join(REPORTERS)}, a tolerance >= 0, and accepts "
-                         f"{sorted(PAPER_KEYS)} (baseline: a table of scenario/defense/attack/where); got {sorted(spec)}")
-    check_types(base, IDENTITY)
-    if known is not None:
-        check_names(spec, known, {"metric": "metric"})
-        check_names(base, known, {})
+from bench.evaluation.formats import is_number, number
+from bench.evaluation.pages import IDENTITY, TOLERANCE, lookup, reported_range
+from bench.evaluation.schema import schema_of
 
 
 def _matching(spec: dict[str, Any], records: list[dict[str, Any]]) -> list[float]:
@@ -87,7 +54,7 @@ def paper_rows(specs: list[dict[str, Any]], records: list[dict[str, Any]]) -> li
     schema = schema_of(records)
     rows = []
     for spec in (one for given in specs for one in _each_where(given)):
-        lo, hi = _reported(spec["reported"]) or (float("nan"), float("nan"))
+        lo, hi = reported_range(spec["reported"]) or (float("nan"), float("nan"))
         values = _matching(spec, records)
         ours = sum(values) / len(values) if values else None
         shown = schema.get(spec["metric"])

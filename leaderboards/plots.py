@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from leaderboards.formats import is_number, tick_bytes
-from leaderboards.schema import family
+from bench.evaluation.formats import is_number, tick_bytes
+from bench.evaluation.schema import family
 from leaderboards.tables import attack_label, defense_label
 
 TRADEOFFS = (("upload_bytes", "cost", "upload bytes per client per round", True),

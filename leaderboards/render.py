@@ -23,17 +23,17 @@ from typing import Any
 import jinja2
 
 from bench.protocol.records import verified
-from leaderboards.export import write_exports
+from bench.evaluation.exports import write_exports
 from leaderboards.figures import draw
-from leaderboards.formats import human_bytes, human_seconds
+from bench.evaluation.formats import human_bytes, human_seconds
 from leaderboards.paper import paper_rows
 from leaderboards.plots import scenario_plots
 from leaderboards.notes import resolve
 from leaderboards.safe import notes_html, safe_url, site_href
-from leaderboards.schema import described, schema_of
+from bench.evaluation.schema import described, schema_of
 from leaderboards.tables import attack_label, clear_not_attacked, defense_label, scenario_table
 from leaderboards.texts import recovered_texts
-from leaderboards.verdicts import BANDS, LEVELS
+from bench.evaluation.verdicts import BANDS, LEVELS
 
 TEMPLATES = Path(__file__).parent / "templates"
 CONFIG_SUMMARY = ("dataset", "model", "num_clients", "clients_per_round", "rounds", "local_epochs", "batch_size",
@@ -203,7 +203,7 @@ def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_
 
 
 def band_rows() -> list[dict[str, Any]]:
-    """The verdict bands as a page lists them (leaderboards/verdicts.py)."""
+    """The verdict bands as a page lists them (bench/evaluation/verdicts.py)."""
     return [{"metric": m, "leak": b.leak, "partial": b.partial, "words": b.words} for m, b in BANDS.items()]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.protocol.records import verified
-from leaderboards.export import load_pages, load_records
+from bench.evaluation.exports import load_pages, load_records
 from leaderboards.frontier import frontier
 from leaderboards.grid import grid
 from leaderboards.notes import resolve
@@ -30,7 +30,7 @@ from leaderboards.ordering import RULE
 from leaderboards.overview import overview
 from leaderboards.render import band_rows, env, provenance, render
 from leaderboards.safe import site_href
-from leaderboards.schema import described, schema_of
+from bench.evaluation.schema import described, schema_of
 from leaderboards.summary import summarize
 
 STANDARD = "core"   # the suite whose grid heads the front page: every defense x every applicable attack

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from leaderboards.grid import STAGES
-from leaderboards.verdicts import LEVELS
+from bench.evaluation.verdicts import LEVELS
 
 SHORT = {"leak": "leaks", "partial": "partly", "resisted": "resists", "blocked": "blocked"}
 FALLBACK = ("diverged", "failed", "ok", "uncal", "missing", "na")   # a cell without a verdict shows the first found

@@ -1,7 +1,7 @@
 """One scenario's leaderboard table, built from stored records only (no rendering here).
 
 Layout, left to right: rank, the defense (both pinned on the page), its verdict band
-(leaderboards/verdicts.py: what the worst case means on its own) and key topology, then the metric
+(bench/evaluation/verdicts.py: what the worst case means on its own) and key topology, then the metric
 columns in tabs: "overview" (each family's two headline strongest-attack metrics and utility), "worst
 case" (every strongest-attack metric), one tab per attack, run-level privacy, utility, cost, and all.
 
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leaderboards import cells as C
-from leaderboards.calibration import Calibration, calibrate
-from leaderboards.formats import SELF_UNITS, is_number
-from leaderboards.schema import attack_label, defense_label, family, schema_of
-from leaderboards.usefulness import useless
-from leaderboards.verdicts import BLOCKED, NONE, Verdict, band, worst
+from bench.evaluation.calibration import Calibration, calibrate
+from bench.evaluation.formats import SELF_UNITS, is_number
+from bench.evaluation.schema import attack_label, defense_label, family, schema_of
+from bench.evaluation.usefulness import useless
+from bench.evaluation.verdicts import BLOCKED, NONE, Verdict, band, worst
 
 FAMILY_ORDER = ("image", "text", "membership", "label", "")   # order of the strongest columns
 HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "exact_match", "rouge2", "mia_auroc", "mia_tpr_at_1fpr", "lnacc",
@@ -96,8 +96,8 @@ def _attack_level(m) -> bool:
 
 def scenario_table(records: list[dict[str, Any]], info: dict[str, Any] | None = None) -> dict[str, Any]:
     """`info`: the suite's page info (which rows are untrained, chance accuracy), from which, with the records'
-    own account of which row is undefended, the attacks' calibration (leaderboards/calibration.py) and the rows'
-    utility (leaderboards/usefulness.py) follow."""
+    own account of which row is undefended, the attacks' calibration (bench/evaluation/calibration.py) and the rows'
+    utility (bench/evaluation/usefulness.py) follow."""
     info = info or {}
     schema = schema_of(records)
     cal = calibrate(records, attack_label)
@@ -219,7 +219,7 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
 
 
 def _verdict(strongest: list[dict[str, Any]], judged: list) -> Verdict:
-    """The row's absolute band (leaderboards/verdicts.py): the most severe over every value of the strongest
+    """The row's absolute band (bench/evaluation/verdicts.py): the most severe over every value of the strongest
     columns' metrics that an attack measured on it; blocked when every such attack was blocked by design."""
     if strongest and all(cell["cls"] == "blocked" for cell in strongest):
         return BLOCKED
@@ -233,7 +233,7 @@ def _verdict(strongest: list[dict[str, Any]], judged: list) -> Verdict:
 
 def _rank(rows: list[dict[str, Any]], key: Column | None) -> None:
     """Order rows by the ranking key (least leakage first) and number them; ties share a rank. A row without
-    utility (leaderboards/usefulness.py) ranks below every useful row, however little it leaks."""
+    utility (bench/evaluation/usefulness.py) ranks below every useful row, however little it leaks."""
     if key is None:
         for row in rows:
             row["rank"] = ""

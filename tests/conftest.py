@@ -198,5 +198,5 @@ def copy_export(tiny_core: Path, to: Path, edit=None, suite: str | None = None, 
 
 def find_record(records: list[dict], label: str) -> dict:
     """The record of scenario/defense/attack as a page labels them, parameters included."""
-    from leaderboards.schema import attack_label, defense_label
+    from bench.evaluation.schema import attack_label, defense_label
     return next(r for r in records if f"{r['scenario']}/{defense_label(r)}/{attack_label(r)}" == label)

@@ -6,10 +6,10 @@ import pytest
 from test_leaderboard import _cells, rec
 
 from bench.run.spec import parse_suite
-from leaderboards.calibration import Calibration, calibrate
+from bench.evaluation.calibration import Calibration, calibrate
 from leaderboards.grid import grid
 from leaderboards.tables import attack_label, scenario_table
-from leaderboards.usefulness import no_utility, useless, wilson
+from bench.evaluation.usefulness import no_utility, useless, wilson
 
 INFO = {"undefended": ["plain"], "untrained": ["base"], "chance": {"s": 0.1}}
 
@@ -76,7 +76,7 @@ def test_a_chance_level_defense_ranks_below_a_useful_one_and_is_flagged():
 
 def test_a_scenario_whose_undefended_row_is_at_chance_flags_nothing():
     from leaderboards.tables import defense_label
-    from leaderboards.usefulness import useless
+    from bench.evaluation.usefulness import useless
     records = [rec("plain", "dager", rouge1=1.0, accuracy=0.5, test_samples=16, chance_accuracy=0.5),
                rec("he", "dager", rouge1=0.0, accuracy=0.5, test_samples=16, chance_accuracy=0.5)]
     assert useless(records, INFO, "s", defense_label) == {}
@@ -145,7 +145,8 @@ def test_an_attack_on_fedsgd_and_fedavg_uploads_gets_a_column_for_each():
 
 
 def test_paper_rows_say_who_reported_and_whether_ours_agrees():
-    from leaderboards.paper import check_paper, paper_rows
+    from bench.evaluation.pages import check_paper
+    from leaderboards.paper import paper_rows
     import pytest
 
     records = [rec("plain", "ilrg", lnacc=0.95), rec("mask", "ilrg", lnacc=0.004)]
@@ -196,7 +197,7 @@ def test_a_rows_utility_headline_is_its_largest_relative_loss_across_metrics():
 
 
 def test_a_reference_floor_first_or_an_undefended_row_that_did_not_run_calibrates_nothing_wrongly():
-    """Kills mutants of leaderboards/calibration.py that survived the earlier tests (docs/mutation.md): a reference
+    """Kills mutants of bench/evaluation/calibration.py that survived the earlier tests (docs/mutation.md): a reference
     floor listed first must not end the calibration of the attacks after it (`continue` -> `break`); an undefended
     row that did not run gives no verdict and says which row and why; no undefended row says that."""
     records = [rec("plain", "random-guess", label_acc=0.1), rec("plain", "ilrg", label_acc=1.0),
@@ -208,7 +209,7 @@ def test_a_reference_floor_first_or_an_undefended_row_that_did_not_run_calibrate
 
 
 def test_the_untrained_row_is_the_perplexity_yardstick_and_never_judged():
-    """Kills mutants of leaderboards/usefulness.py that survived (docs/mutation.md): the untrained rows (page info
+    """Kills mutants of bench/evaluation/usefulness.py that survived (docs/mutation.md): the untrained rows (page info
     `untrained`) give the perplexity a trained row must beat, and are left out of the rows judged."""
     records = [rec("base", "mia-ref", scenario="lm", perplexity=300.0), rec("base", "mia-ref", scenario="lm",
                                                                           perplexity=280.0),

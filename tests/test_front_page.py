@@ -16,7 +16,7 @@ from leaderboards.grid import grid
 from leaderboards.ordering import dominates, order
 from leaderboards.overview import overview
 from leaderboards.summary import summarize
-from leaderboards.utility_loss import (paired_accuracy_gap, paired_perplexity_ratio, unpaired_accuracy_gap,
+from bench.evaluation.utility_loss import (paired_accuracy_gap, paired_perplexity_ratio, unpaired_accuracy_gap,
                                        utility_loss)
 
 INFO = {"undefended": ["plain"], "untrained": ["base"], "chance": {"s": 0.1, "early": 0.1, "late": 0.1}}

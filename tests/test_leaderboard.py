@@ -5,15 +5,15 @@ import json
 
 from bench.cli import main
 from bench.registry import ATTACKS, METRICS
-from leaderboards.export import compare, load_frame
-from leaderboards.formats import human_bytes, human_seconds, number
+from bench.evaluation.exports import compare, load_frame
+from bench.evaluation.formats import human_bytes, human_seconds, number
 from leaderboards.overview import overview
 from leaderboards.paper import paper_rows
 from leaderboards.plots import pareto
 from leaderboards.render import render
 from leaderboards.tables import scenario_table
 from leaderboards.texts import recovered_texts
-from leaderboards.verdicts import band
+from bench.evaluation.verdicts import band
 from bench.protocol.records import seal
 from tests.conftest import consistent
 
@@ -257,10 +257,10 @@ def test_a_blown_up_value_reads_with_an_exponent():
 
 
 def test_a_band_says_what_decided_it_and_an_interval_from_chance_is_near_chance():
-    """Kills mutants of leaderboards/verdicts.py that survived the earlier tests (docs/mutation.md): each verdict
+    """Kills mutants of bench/evaluation/verdicts.py that survived the earlier tests (docs/mutation.md): each verdict
     names the metric and value that decided it (a page's tooltip), and a 95% interval whose lower end is chance
     itself contains chance."""
-    from leaderboards.verdicts import band
+    from bench.evaluation.verdicts import band
     assert band("psnr", 35.0, True).why == "psnr 35" and band("psnr", 20.0, True).why == "psnr 20"
     assert band("psnr", 20.0, True).level == "partial"
     near = band("mia_auroc", 0.62, True, {"mia_auroc_ci95": [0.5, 0.74]})

@@ -160,7 +160,7 @@ def test_a_dp_record_carries_its_epsilon_and_per_example_outcomes(dp_records, da
                                   lambda r: r["metrics"].update(epsilon=float("nan")),
                                   lambda r: r["details"].pop("dp")])
 def test_a_dp_record_without_its_epsilon_is_refused_at_load(dp_records, edit, tmp_path):
-    from leaderboards.export import load_records
+    from bench.evaluation.exports import load_records
 
     rec = copy.deepcopy(dp_records["dp-sgd"])
     edit(rec)

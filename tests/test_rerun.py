@@ -201,7 +201,7 @@ def test_records_of_an_older_scenario_schema_are_kept_as_todays_cells(tmp_path):
     adopted, and a membership attack's mia_size 0 is never rewritten."""
     from bench.protocol.records import config_id, seal
     from bench.run.upgrade import UPGRADED, upgrade
-    from leaderboards.export import write_exports
+    from bench.evaluation.exports import write_exports
 
     suite = tiny_suite(["plaintext"], ["random-guess"])
     run_suite(suite, tmp_path / "new")

@@ -193,7 +193,7 @@ def test_5_no_record_turns_a_metric_round_for_the_others(tiny_core, tmp_path):
 
 
 def test_5_a_metric_no_installed_code_defines_must_read_one_way_in_every_record(tiny_core, tmp_path, capsys):
-    from leaderboards.schema import schema_of
+    from bench.evaluation.schema import schema_of
 
     def custom(records):
         for i, rec in enumerate(records[:2]):

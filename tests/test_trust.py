@@ -243,7 +243,7 @@ def test_an_older_record_without_a_digest_loads_and_is_recomputed(genuine, tmp_p
 
 
 def test_a_committed_export_loads_unchanged():
-    from leaderboards.export import load_records
+    from bench.evaluation.exports import load_records
     path = ROOT / "leaderboards" / "results" / "dictpfl-paper" / "results.json"
     assert len(load_records(path)) == len(json.loads(path.read_text())) > 0
 

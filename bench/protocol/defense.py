@@ -60,7 +60,7 @@ class Defense(Configurable):
 
     def undefended(self) -> bool:
         """True when this instance's uploads carry the trained update unprotected: the row an attack must break
-        in a scenario before its results on other rows give verdicts (leaderboards/calibration.py). A protocol
+        in a scenario before its results on other rows give verdicts (bench/evaluation/calibration.py). A protocol
         whose protection is a parameter that can be off says so for that setting."""
         return self.reference_row and self.trains
 

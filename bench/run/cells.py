@@ -4,7 +4,7 @@ Each cell becomes a record (status ok, blocked, diverged or failed, with its one
 holding what a page needs without today's registry: the attack's family and threat model, a snapshot of the
 schema of every metric it reports (display name, unit, direction, format), whether its defense row is
 undefended (`Defense.undefended`: the row an attack must break before it judges the others,
-leaderboards/calibration.py), and the defense's and attack's one-line descriptions with their paper and code
+bench/evaluation/calibration.py), and the defense's and attack's one-line descriptions with their paper and code
 links. Each record is sealed with a digest of
 its content (bench/protocol/records.py), so a later edit is caught where it is read back. A failing
 cell never stops the others; the exit status reports it.

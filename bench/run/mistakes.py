@@ -55,8 +55,8 @@ def known_names(scenarios: list, defenses: list, attacks: list) -> dict[str, set
 
 
 def check_pages(figures: tuple, paper: tuple, known: dict[str, set[str]], where: str) -> None:
-    from leaderboards.figures import check_figure
-    from leaderboards.paper import check_paper
+    from bench.evaluation.pages import check_figure
+    from bench.evaluation.pages import check_paper
 
     for kind, specs, check in (("figures", figures, check_figure), ("paper", paper, check_paper)):
         for i, spec in enumerate(specs):
@@ -68,7 +68,7 @@ def check_pages(figures: tuple, paper: tuple, known: dict[str, set[str]], where:
 
 def check_notes(notes: str, cells: list, suite: str, where: str) -> None:
     """Every `{= CELL METRIC =}` of a suite's notes names exactly one of its cells (leaderboards/notes.py)."""
-    from leaderboards.notes import NoteError, check_references
+    from bench.evaluation.pages import NoteError, check_references
 
     pairs = [(c.label, f"{c.scenario.name}/{c.defense.name}/{c.attack.name}") for c in cells]
     try:

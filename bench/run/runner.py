@@ -37,7 +37,7 @@ from bench.run.leases import Claims, group_id, new_run_id
 from bench.run.spec import Cell, Suite
 from bench.run.store import FINISHED, Store
 from bench.run.upgrade import adopt
-from leaderboards.export import load_pages, load_records
+from bench.evaluation.exports import load_pages, load_records
 
 
 @dataclass(frozen=True)

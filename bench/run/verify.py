@@ -123,9 +123,9 @@ def rebuild(rec: dict[str, Any]) -> Cell | None:
 
 def headline(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The row's cell its verdict rests on: the finished cell with the most severe verdict (the first on a tie)."""
-    from leaderboards.calibration import record_verdict
-    from leaderboards.schema import schema_of
-    from leaderboards.verdicts import LEVELS
+    from bench.evaluation.calibration import record_verdict
+    from bench.evaluation.schema import schema_of
+    from bench.evaluation.verdicts import LEVELS
 
     schema = schema_of(records)
 
@@ -176,7 +176,7 @@ def differences(stored: dict[str, Any], fresh: dict[str, Any], tol: Tolerance) -
 def _kind(name: str, stored: dict[str, Any], fresh: dict[str, Any]) -> str:
     """timing, exact (a count: bytes or a whole number; or a label metric, one whose verdict band speaks of
     labels) or real: from the running code's metric schema (the fresh record's snapshot)."""
-    from leaderboards.verdicts import BANDS, LABELS
+    from bench.evaluation.verdicts import BANDS, LABELS
 
     entry = fresh["details"].get("metric_schema", {}).get(name) or \
         stored["details"].get("metric_schema", {}).get(name) or {}
@@ -275,7 +275,7 @@ def _threads(count: Any) -> Iterator[None]:
 
 
 def _label(rec: dict[str, Any]) -> str:
-    from leaderboards.schema import attack_label, defense_label
+    from bench.evaluation.schema import attack_label, defense_label
     return f"{rec['scenario']}/{defense_label(rec)}/{attack_label(rec)}"
 
 

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # module (a file, or a package as "dir/*") -> the tests that cover it; `functions`: only mutants of these
 # (mutmut's mangled names, fnmatch patterns) are run, where only part of a module decides a cost.
 MODULES: dict[str, dict] = {
-    "leaderboards/calibration.py": {"tests": ["tests/test_calibration.py"]},
-    "leaderboards/verdicts.py": {"tests": ["tests/test_leaderboard.py", "tests/test_calibration.py"]},
-    "leaderboards/usefulness.py": {"tests": ["tests/test_calibration.py"]},
+    "bench/evaluation/calibration.py": {"tests": ["tests/test_calibration.py"]},
+    "bench/evaluation/verdicts.py": {"tests": ["tests/test_leaderboard.py", "tests/test_calibration.py"]},
+    "bench/evaluation/usefulness.py": {"tests": ["tests/test_calibration.py"]},
     # test_core_slice (an end-to-end run of core's slice) also reads the grid, but its coverage run alone passed 15 min
     "leaderboards/grid.py": {"tests": ["tests/test_calibration.py", "tests/test_front_page.py"]},
     "bench/protocol/records.py": {"tests": ["tests/test_trust.py", "tests/test_rerun.py", "tests/test_store.py"]},

@@ -17,9 +17,9 @@ import math
 import re
 from typing import Any
 
-from leaderboards.formats import is_number
-from leaderboards.schema import defense_label, undefended
-from leaderboards.usefulness import wilson
+from bench.evaluation.formats import is_number
+from bench.evaluation.schema import defense_label, undefended
+from bench.evaluation.usefulness import wilson
 
 RESAMPLES = 2000
 SEED = 0
@@ -50,7 +50,7 @@ def run_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def undefended_run(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The undefended row's run in one scenario's records (the first row whose records say it is undefended,
-    leaderboards/calibration.py, that ran there), or None."""
+    bench/evaluation/calibration.py, that ran there), or None."""
     labels = [defense_label(r) for r in records if undefended(r) and r["metrics"]]
     return run_of([r for r in records if labels and defense_label(r) == labels[0]])
 

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from leaderboards.formats import is_number
+from bench.evaluation.formats import is_number
 
 LEVELS = ("blocked", "resisted", "partial", "leak")   # least to most severe; the page sorts on this order
 

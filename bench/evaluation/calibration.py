@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from leaderboards.schema import MALICIOUS, defense_label, family, schema_of, undefended
-from leaderboards.verdicts import BANDS, IMAGE, LABELS, MEMBERSHIP, TEXT, band, worst
+from bench.evaluation.schema import MALICIOUS, defense_label, family, schema_of, undefended
+from bench.evaluation.verdicts import BANDS, IMAGE, LABELS, MEMBERSHIP, TEXT, band, worst
 
 BREAKS = ("leak", "partial")   # bands of the undefended row that show the attack works in the scenario
 FAMILY_BANDS = {"image": IMAGE, "text": TEXT, "membership": MEMBERSHIP, "audit": MEMBERSHIP, "label": LABELS}

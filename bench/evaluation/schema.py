@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.protocol.records import UNDEFENDED
-from leaderboards.formats import number
+from bench.evaluation.formats import number
 
 
 @dataclass(frozen=True)

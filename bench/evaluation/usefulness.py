@@ -7,7 +7,7 @@ never ranks above a useful one and is never called the best of anything. Chance 
 come from the record (`chance_accuracy`, `test_samples`) or, for records computed before they were stored, from
 the page info (`chance`); without the test-set size the accuracy is compared with chance + 0.05.
 
-A scenario whose undefended row (as its records say, leaderboards/calibration.py) itself has no utility (one
+A scenario whose undefended row (as its records say, bench/evaluation/calibration.py) itself has no utility (one
 FedSGD step on a text model, scored on a few test sentences) does not measure utility: nothing there is flagged,
 since it would flag every row alike.
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from leaderboards.formats import is_number
-from leaderboards.schema import undefended
+from bench.evaluation.formats import is_number
+from bench.evaluation.schema import undefended
 
 Z95 = 1.96
 MARGIN = 0.05   # without a test-set size: an accuracy within this of chance reads as chance

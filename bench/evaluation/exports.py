@@ -83,8 +83,8 @@ def check_pages(path: Path, pages: dict[str, dict[str, Any]], records: list[dict
     """Each suite's page info as a page reads it: its words are text, and every figure and paper row is a table
     naming what the suite's records hold (as a suite file's are checked at load: leaderboards/figures.py), so a
     bad pages.json is refused in one line (ValueError) before anything is rendered or written."""
-    from leaderboards.figures import check_figure
-    from leaderboards.paper import check_paper
+    from bench.evaluation.pages import check_figure
+    from bench.evaluation.pages import check_paper
 
     for suite, info in pages.items():
         where = f"{path}: suite {suite!r}"

@@ -1,7 +1,7 @@
 """How a page writes a number: bytes as kB/MB/GB, seconds as s/ms/us, every other value with the
 format its metric's schema snapshot gives; a spread (+- std) and an interval in the same unit.
 
-Units come from the records (leaderboards/schema.py's Shown), so a column of bytes reads
+Units come from the records (bench/evaluation/schema.py's Shown), so a column of bytes reads
 "7.55 MB" instead of "7,554,120" and an HE time reads "10.8 ms" instead of "0.0108"."""
 from __future__ import annotations
 
