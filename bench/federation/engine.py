@@ -35,7 +35,7 @@ from bench.federation.state import (Client, Diverged, Federation, FederationRun,
                                     require_finite, set_entries)
 from bench.models import build_model, torch_device, update_names
 from bench.models.losses import TASKS
-from bench.models.pretrain import pretrain, split_public
+from bench.models.pretrain import cached_pretrain, split_public
 from bench.protocol import contracts
 from bench.protocol.attack import Attack
 from bench.protocol.defense import Defense, Party, running_aggregate
@@ -94,7 +94,7 @@ def build_federation(scenario: Scenario, data, defense: Defense | None = None) -
     if scenario.public_fraction > 0:
         public, pool = split_public(data.train_y, scenario.public_fraction, scenario.seed)
         if scenario.pretrain_epochs:
-            pretrain(base, task, data.train_x[public], data.train_y[public], scenario.pretrain_epochs,
+            cached_pretrain(base, task, data.train_x[public], data.train_y[public], scenario.pretrain_epochs,
                      scenario.batch_size, scenario.lr, scenario.seed)
     start = {k: v.detach().clone() for k, v in base.state_dict().items()}
 
