@@ -16,25 +16,51 @@ has CPUs; rows run one after another.
 
 The tolerance per metric, derived from what the metric measures (bench/run/tolerance.py):
 
-| metric | reproduces when the recomputed value is | why |
-|---|---|---|
-| accuracy (and its personal and own-label forms) | within 5 test samples: 5 / `test_samples` | a prediction flips where two logits are within float error; across two CPUs whose torch dispatched different kernels (AVX-512 and AVX2 paths, MKL), core's label-scenario accuracies moved by 1 to 5 of 500 test samples, the most any accuracy moved; with the numerical path pinned most cells reproduce bit for bit, so 5 is a ceiling, 1 % of a 500-sample test set, not an allowance |
-| PSNR | within 0.5 dB | an iterative reconstruction on another float path ends elsewhere in the same basin; 0.5 dB is 12 % in mean squared error, far inside the 12 dB between the bands' cuts, and the band must hold anyway |
-| SSIM, LPIPS | within 0.01 | the same on their [0, 1] scale, inside the 0.2-0.4 between their cuts |
-| label acc., IRec, exact match, images recovered | within one label (sentence, image) of one attacked batch: 1 / (B x uploads) | the metric counts items of the batch: one item is its resolution, and a float path moves at most the one nearest its rounding |
-| LnAcc, LeAcc | within one label: 2 / (C x uploads), C = 1 / `chance_accuracy`; else exact | one wrong label moves two class counts of C |
-| label F1, client class F1 | exact | F1 of a handful of present classes: one label moves it far |
-| membership AUROC | within m + n swapped member/non-member pairs: (m + n) / (m n) | AUROC is the share of ordered pairs, so one pair is its resolution on the sample; a float path moves a score at most past its neighbour, one swap per sample |
-| TPR at a low FPR / FPR at a TPR / balanced accuracy | within 1 / m / 1 / n / (1 / m + 1 / n) / 2 | one member (non-member) across the threshold |
-| bytes, whole numbers, test samples, chance, status, a blocked or diverged cell's reason, family, threat model, undefended | exact | counts and facts of the protocol: no float path changes them |
-| times (a metric its schema marks timing) | never compared | a machine's speed |
-| any other number (epsilon, KDE MI, fractions, costs) | relative 1e-3 (`--tolerance REL`) | float noise of a mean over a few hundred values |
-| a stored 95 % interval | both bounds at its metric's tolerance | it is shown beside the value; never "anywhere in the interval": a forged value inside its own interval (PSNR 63.11 -> 6.0, [5, 95] dB) does not reproduce |
+metric                         reproduces when the recomputed     why
+                               value is within
+-----------------------------  ---------------------------------  -----------------------------------------------------
+accuracy (and its personal     5 test samples: 5 / test_samples   a prediction flips where two logits lie within float
+and own-label forms)                                              error: across two CPUs whose torch dispatched other
+                                                                  kernels (AVX-512 and AVX2 paths, MKL), core's label
+                                                                  scenario's accuracies moved by 1 to 5 of 500 test
+                                                                  samples, the most any accuracy moved; with the
+                                                                  numerical path pinned most cells reproduce bit for
+                                                                  bit, so 5 (1 % of 500) is a ceiling, not an allowance
+PSNR                           0.5 dB                             an iterative reconstruction on another float path
+                                                                  ends elsewhere in the same basin; 0.5 dB is 12 % in
+                                                                  squared error, far inside the 12 dB between the cuts
+SSIM, LPIPS                    0.01                               the same on their [0, 1] scale, inside the 0.2-0.4
+                                                                  between their cuts
+label acc., IRec, exact        one item of one attacked batch:    they count the batch's labels (sentences, images): one
+match, images recovered        1 / (B x uploads)                  item is their resolution, and a float path moves at
+                                                                  most the one nearest its rounding
+LnAcc, LeAcc                   one label: 2 / (C x uploads), C =  one wrong label moves two class counts of C
+                               1 / chance_accuracy; else exact
+label F1, client class F1      exact                              F1 over a handful of present classes: one label moves
+                                                                  it far
+membership AUROC               m + n of the m n member/non-       AUROC is the share of ordered pairs, so one pair is
+                               member pairs swapped:              its resolution on the sample; a float path moves a
+                               (m + n) / (m n)                    score at most past its neighbour: one swap per sample
+TPR at a low FPR, FPR at a     1 / m, 1 / n, (1 / m + 1 / n) / 2  one member (non-member) across the threshold
+TPR, balanced accuracy
+bytes, whole numbers, test     exact                              counts and facts of the protocol: no float path
+samples, chance, status, a                                        changes them
+blocked or diverged reason,
+family, threat model,
+undefended
+times (schema: timing)         never compared                     a machine's speed
+any other number (epsilon,     relative 1e-3 (--tolerance REL)    float noise of a mean over a few hundred values
+KDE MI, fractions, costs)
+a stored 95 % interval         both bounds at its metric's        it is shown beside the value. Never "anywhere in the
+                               tolerance                          interval": a value forged inside its own interval
+                                                                  (PSNR 63.11 -> 6.0 dB in [5.4, 94.7]) does not
+                                                                  reproduce
 
 In every case the recomputed record must give the same verdict band for each banded metric
 (bench/evaluation/verdicts.py), the same record verdict, the same utility flag (bench/evaluation/usefulness.py)
 and, where the caller passes `ranks` (the CLI: leaderboards/tables.py), the same rank to every row of its
-scenario's table. `--tolerance METRIC=ABS` replaces one metric's entry.
+scenario's table. `--tolerance METRIC=ABS` replaces one metric's entry. The tolerances are for the device the
+record names (its environment): on a GPU an iterative reconstruction follows another float path altogether.
 
 The run is the whole row's: every cell of the row in the folder takes part in the federated run (they decide
 what it draws: membership candidates, a malicious server's exchange), only the chosen ones are scored, with as
