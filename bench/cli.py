@@ -74,24 +74,35 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--date", default=None, metavar="YYYY-MM-DD",
                       help="generation date every page prints (default: today, UTC); pass it to re-render identically")
     site.add_argument("--verify", type=int, default=None, metavar="N",
-                      help="first recompute a sample of N cells of every directory (`leakbench verify`); publish "
-                           "only when none differs, and mark each page 'verified: k of n cells recomputed'")
+                      help="first recompute every cell that decides what each directory's pages show, plus N more "
+                           "drawn at random (`leakbench verify`); publish only when none differs, and mark each "
+                           "reproduced cell and each page's verification report")
+    site.add_argument("--report", metavar="FILE", action="append", default=[],
+                      help="a report of `leakbench verify DIR --report FILE` (made elsewhere) to show on the pages of "
+                           "the directory it names; checked against its records (repeatable)")
     site.add_argument("--data-root", default=None, help="data root for --verify (default: $LEAKBENCH_DATA)")
-    ver = sub.add_parser("verify", help="recompute a sample of a results directory's cells from their stored "
-                                        "configs and compare every metric: reproduced, differs or stale (exit 1 if "
-                                        "any differs)")
+    ver = sub.add_parser("verify", help="recompute the cells that decide what a results directory's pages show "
+                                        "(and --sample more) from their stored configs and compare each at its "
+                                        "tolerance: reproduced, differs or stale (exit 1 if any differs)")
     ver.add_argument("dir", help="an output directory of `leakbench run` (its results.json), e.g. one you were sent")
     ver.add_argument("--sample", default=None, metavar="N",
-                     help="cells drawn at random (seeded), besides the headline cell of each row they fall in; "
-                          "'all' for every selected cell (default 8)")
+                     help="also N cells drawn at random (seeded) from those that decide nothing on the pages; 'all' "
+                          "for every cell (default 0)")
     ver.add_argument("--only", metavar="PATTERN", default=None,
-                     help="draw only from cells whose label scenario/defense/attack matches (glob, or a substring)")
-    ver.add_argument("--tolerance", metavar="REL|METRIC=REL", action="append", default=[],
-                     help="relative tolerance of real-valued metrics (default 1e-3), or of one metric (repeatable); "
-                          "counts and labels compare exactly, bootstrapped metrics by their intervals, times never")
+                     help="only cells whose label scenario/defense/attack matches (glob, or a substring)")
+    ver.add_argument("--tolerance", metavar="REL|METRIC=ABS", action="append", default=[],
+                     help="relative tolerance of the real-valued metrics without an entry of their own (default "
+                          "1e-3), or one metric's absolute tolerance in its unit (repeatable); verdict bands and "
+                          "ranks must hold whatever the tolerance")
     ver.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
     ver.add_argument("--force", action="store_true",
                      help="recompute stale cells too (computed by other code), comparing them all the same")
+    ver.add_argument("--dry-run", action="store_true",
+                     help="state how many cells and rows would be recomputed and about how long it would take, list "
+                          "each with why it was chosen, and recompute nothing")
+    ver.add_argument("--report", metavar="FILE", default=None,
+                     help="write the outcome of every recomputed cell, its tolerances, this machine and the date to "
+                          "FILE (JSON), for `leakbench site --report FILE`")
     ver.add_argument("--data-root", default=None, help="data root (default: $LEAKBENCH_DATA)")
     ver.add_argument("--device", default="cpu", help="auto | cpu | cuda: where the recomputation runs")
     cmp = sub.add_parser("compare", help="per-cell metric deltas between two output directories (B - A)")
@@ -235,6 +246,8 @@ def _leaderboard(args) -> int:
 
 
 def _site(args) -> int:
+    from bench.evaluation.verification import load_report
+    from bench.verify_cli import outcome_line, verified
     from bench.run.version import staleness
     from leaderboards.site import build_site, check_folders
 
@@ -245,53 +258,25 @@ def _site(args) -> int:
             datetime.date.fromisoformat(args.date)
         except ValueError:
             raise ValueError(f"--date '{args.date}': expected YYYY-MM-DD, e.g. 2026-01-31") from None
-    if args.verify is not None and args.verify < 1:
-        raise ValueError(f"--verify {args.verify}: expected a number of cells >= 1")
+    if args.verify is not None and args.verify < 0:
+        raise ValueError(f"--verify {args.verify}: expected a number of sampled cells >= 0")
     date = args.date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     loaded = check_folders(args.root, builtin_page_info)
     verifications = {}
-    if args.verify is not None:
-        from bench.run.verify import verify
-
-        for directory, records in loaded:
-            report = verify(records, args.data_root, sample=args.verify,
-                            progress=lambda o, d=directory: say(f"{d.name}: {_outcome(o)}"))
-            if report.exit_code:
-                print(f"leakbench: {directory.name}: {report.count('differs')} of {len(report.outcomes)} recomputed "
-                      "cell(s) differ from what it stores; nothing was published", file=sys.stderr)
-                return report.exit_code
-            verifications[directory] = report.marks()
+    for path in args.report:   # every report is checked before anything is recomputed or written
+        checked = load_report(path, {d.name: records for d, records in loaded})
+        verifications[next(d for d, _ in loaded if d.name == checked.folder)] = checked
+    for directory, records in (loaded if args.verify is not None else []):
+        report = verified(directory, records, builtin_page_info, say, args.data_root, args.verify,
+                          lambda o, d=directory: say(f"{d.name}: {outcome_line(o)}"))
+        verifications[directory] = report.checked(directory.name)
+    for directory, checked in verifications.items():
+        if checked.count("differs"):
+            print(f"leakbench: {directory.name}: {checked.count('differs')} of {len(checked.outcomes)} recomputed "
+                  "cell(s) differ from what it stores; nothing was published", file=sys.stderr)
+            return 1
     say(f"site: {build_site(args.root, builtin_page_info, date, staleness, loaded, verifications)}")
     return 0
-
-
-def _outcome(o) -> str:
-    """One line of `leakbench verify`'s report."""
-    if o.state == "reproduced":
-        return f"reproduced  {o.label} ({o.seconds:.1f} s)"
-    return f"{o.state:11s} {o.label}: {o.why}"
-
-
-def _verify(args) -> int:
-    from bench.models import torch_device
-    from bench.run.verify import DEFAULT_SAMPLE, Tolerance, verify
-    from bench.evaluation.exports import load_records
-
-    torch_device.use(args.device)
-    tolerance = Tolerance.parse(args.tolerance)
-    if args.sample == "all":
-        sample = None
-    elif args.sample is None or args.sample.isdigit() and int(args.sample) > 0:
-        sample = DEFAULT_SAMPLE if args.sample is None else int(args.sample)
-    else:
-        raise ValueError(f"--sample {args.sample!r}: expected a number of cells >= 1 or 'all'")
-    records = load_records(args.dir)
-    report = verify(records, args.data_root, sample=sample, only=args.only, seed=args.seed, tolerance=tolerance,
-                    force=args.force, progress=lambda o: say(_outcome(o)))
-    say(f"verify {args.dir}: {len(report.outcomes)} of {report.cells} cell(s) selected ({report.sampled} drawn with "
-        f"seed {args.seed}, the rest their rows' headline cells): {report.count('reproduced')} reproduced, "
-        f"{report.count('differs')} differ, {report.count('stale')} stale; {report.seconds:.1f} s")
-    return report.exit_code
 
 
 def committed_results(suite: str) -> Path | None:
@@ -370,7 +355,8 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "compare":
             return _compare(args)
         if args.command == "verify":
-            return _verify(args)
+            from bench.verify_cli import verify_command
+            return verify_command(args, builtin_page_info, say)
         return _leaderboard(args)
     except Exception as err:
         if not isinstance(err, _user_errors()):

@@ -12,7 +12,10 @@ leaderboards/safe.py's sanitizer; links taken from records through its safe_url.
 
 The reading rule (bench/protocol/records.py `verified`): a record that is not sealed and was not reproduced by
 `leakbench verify` is listed under its scenario as unverified, greyed, and takes no part in the table, its
-verdicts, ranks, calibration, plots, figures or paper rows; the exports keep it as it was.
+verdicts, ranks, calibration, plots, figures or paper rows; the exports keep it as it was. Every other cell is
+marked for what it is (bench/evaluation/verification.py): as computed (sealed: a checksum that catches an
+accidental edit, not a forgery) or reproduced by `leakbench verify` on a named machine and date; each scenario
+counts both, and a page whose folder was verified lists its verification report.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import jinja2
 
 from bench.protocol.records import verified
 from bench.evaluation.exports import write_exports
+from bench.evaluation.verification import Checked, counts, mark, tolerance_summary
 from leaderboards.figures import draw
 from bench.evaluation.formats import human_bytes, human_seconds
 from leaderboards.paper import paper_rows
@@ -139,14 +143,20 @@ def unverified_rows(records: list[dict[str, Any]], schema) -> list[dict[str, Any
 
 
 def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], out: Path,
-               stale: dict[str, list[str]] | None = None, reproduced: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """One suite's section; `reproduced`: digests of the records `leakbench verify` reproduced (the reading rule)."""
+               stale: dict[str, list[str]] | None = None, checked: Checked | None = None) -> dict[str, Any]:
+    """One suite's section; `checked`: what `leakbench verify` reproduced (the reading rule) and where."""
+    reproduced = checked.reproduced if checked is not None else frozenset()
     tables = []
     everything, records = records, [r for r in records if verified(r, reproduced)]
     schema = schema_of(everything)
+    tally = counts(everything, checked)
     for scen in dict.fromkeys(r["scenario"] for r in everything):
         recs = [r for r in records if r["scenario"] == scen]
         table = scenario_table(recs, info)
+        marks = {r["cell_id"]: mark(r, checked) for r in recs}
+        for row in table["rows"]:
+            for cell in row["cells"]:
+                cell["check"] = marks.get(cell.get("cell_id"))
         config = next((r["config"]["scenario"] for r in everything if r["scenario"] == scen and
                        (r.get("config") or {}).get("scenario")), info.get("scenarios", {}).get(scen))
         recon = reconstructions(recs)
@@ -157,6 +167,7 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
                        "not_applicable": (info.get("not_applicable") or {}).get(scen, {}),
                        "unverified": unverified_rows([r for r in everything if r["scenario"] == scen and
                                                       not verified(r, reproduced)], schema),
+                       "checks": tally[scen],
                        "text_summary": (f"{sum(t['exact'] for t in texts)}/{sum(t['total'] for t in texts)} "
                                         "sentences exact") if texts else "",
                        "thumbs": sum(1 for r in recon if r["thumbnail"])})
@@ -175,31 +186,41 @@ def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], 
             "figures": figures, "paper": paper, "paper_notes": any(p["note"] for p in paper),
             "provenance": provenance(everything), "compute": compute_summary(everything),
             "code": code_state(everything, stale), "unverified": len(everything) - len(records),
+            "checks": {k: sum(t[k] for t in tally.values()) for k in ("cells", "reproduced", "sealed", "unverified")},
             "counts": Counter(r["status"] for r in everything)}
 
 
 def render(records: list[dict[str, Any]], infos: dict[str, dict[str, Any]], out_dir: str | Path,
            home: str | None = None, generated: str | None = None, stale: dict[str, list[str]] | None = None,
-           reproduced: frozenset[str] = frozenset(), verification: dict[str, int] | None = None) -> Path:
+           checked: Checked | None = None) -> Path:
     """Write the exports, plots and index.html of these records into out_dir. `home` is the front page's
     address relative to out_dir (a site's pages link back to it); `generated` the date to print; `stale` each
-    cell's components computed by other code than today's (`code_state`); `reproduced` the digests of the records
-    `leakbench verify` reproduced and `verification` its counts ({"reproduced": k, "cells": n, "stale": s}),
-    which the page states."""
+    cell's components computed by other code than today's (`code_state`); `checked` what `leakbench verify`
+    re-checked there (bench/evaluation/verification.py), whose report the page lists."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in (out / "plots").glob("*.png"):  # plots/ belongs to the renderer: no stale plot survives
         old.unlink()
     write_exports(records, infos, out)   # every record, shown or not: re-rendering never drops a result
     records = described(records)
-    suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out, stale, reproduced)
+    suites = [suite_page(s, [r for r in records if r["suite"] == s], infos.get(s, {}), out, stale, checked)
               for s in dict.fromkeys(r["suite"] for r in records)]
     title = "LeakBench · " + (suites[0]["name"] if len(suites) == 1 else "leaderboard")
     html = env().get_template("index.html.j2").render(
         suites=suites, title=title, schema=list(schema_of(records).values()), home=home, generated=generated,
-        provenance=provenance(records), bands=band_rows(), levels=LEVELS, verification=verification)
+        provenance=provenance(records), bands=band_rows(), levels=LEVELS, checked=checked,
+        report=verification_rows(checked))
     (out / "index.html").write_text(html)
     return out / "index.html"
+
+
+def verification_rows(checked: Checked | None) -> list[dict[str, Any]]:
+    """The verification report as a page lists it: each re-checked cell, its outcome, why it was chosen, the
+    tolerances it was compared at."""
+    if checked is None:
+        return []
+    return [{"label": o["label"], "state": o["state"], "chosen": o["chosen"], "why": o["why"],
+             "tolerance": tolerance_summary(o["tolerances"]), "seconds": o["seconds"]} for o in checked.outcomes]
 
 
 def band_rows() -> list[dict[str, Any]]:

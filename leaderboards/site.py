@@ -5,7 +5,7 @@ linking to the suite and scenario it comes from (leaderboards/overview.py), then
 Above it, from the standard suite: a one-screen summary (leaderboards/summary.py) of the core grid
 (leaderboards/grid.py), and from the sweep suite the privacy-utility frontier (leaderboards/frontier.py).
 
-    leakbench site leaderboards/results [--date YYYY-MM-DD] [--verify N]
+    leakbench site leaderboards/results [--date YYYY-MM-DD] [--verify N] [--report FILE]
 
 A suite's page info comes from its current definition when the caller passes one (the CLI: the
 built-in suite's TOML, so corrected notes reach the page), else from the directory's pages.json.
@@ -14,7 +14,10 @@ Every directory is read and checked before anything is written (its records, ben
 pages.json against its records; the metric schema they share; the references in its notes). The front page
 judges verified records only (the reading rule: sealed, or reproduced by `leakbench verify`, whose outcome the
 caller passes per directory), and its core grid and frontier come from the directories named after their suites
-where one holds that suite: a copy under another name never takes their place.
+where one holds that suite: a copy under another name never takes their place. Above them it says what was
+re-checked: per directory (and per scenario in each entry's `checks`, for whoever groups scenarios), how many
+cells `leakbench verify` reproduced, on what machine and when, and how many are as computed (sealed: a checksum
+against accidental edits, not a re-check).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Any, Callable
 
 from bench.protocol.records import verified
 from bench.evaluation.exports import load_pages, load_records
+from bench.evaluation.verification import Checked, counts
 from leaderboards.frontier import frontier
 from leaderboards.grid import grid
 from leaderboards.notes import resolve
@@ -38,7 +42,6 @@ FRONTIER = "frontier"   # the suite whose sweeps draw the front page's privacy-u
 Info = Callable[[str], "dict[str, Any] | None"]   # a suite's current page info, None when it has none
 # records -> each one's components computed by other code than the running code's (bench/run/version.py's staleness)
 Stale = Callable[[list], "dict[str, list[str]]"]
-Verification = tuple[frozenset[str], dict[str, int]]   # digests of the records verify reproduced, its counts
 Loaded = list[tuple[Path, list[dict[str, Any]]]]
 
 
@@ -57,25 +60,34 @@ def page_info(suite: str, directory: Path, current: Info | None = None) -> dict[
 
 def rerender(directory: str | Path, current: Info | None = None, generated: str | None = None,
              records: list[dict[str, Any]] | None = None, stale: Stale | None = None,
-             verification: Verification | None = None) -> dict[str, Any]:
+             checked: Checked | None = None) -> dict[str, Any]:
     """Re-render one output directory from its results.json (or the `records` already read from it); a summary
     for the front page, whose records are the verified ones. `stale` says which components of each record differ
-    from today's code; `verification` what `leakbench verify` reproduced there (the digests of those records)
-    and its counts, stated on the page."""
+    from today's code; `checked` what `leakbench verify` re-checked there (bench/evaluation/verification.py),
+    marked cell by cell and listed on the page."""
     directory = Path(directory)
     records = load_records(directory) if records is None else records
-    reproduced, counts = verification or (frozenset(), None)
+    reproduced = checked.reproduced if checked is not None else frozenset()
     suites = list(dict.fromkeys(r["suite"] for r in records))
     infos = {s: page_info(s, directory, current) for s in suites}
     render(records, infos, directory, home="../index.html", generated=generated,
-           stale=None if stale is None else stale(records), reproduced=reproduced, verification=counts)
+           stale=None if stale is None else stale(records), checked=checked)
     statuses = {s: sum(r["status"] == s for r in records) for s in ("ok", "blocked", "diverged", "failed")}
     info = infos[suites[0]] if suites else {}
     return {"name": directory.name, "href": site_href(directory.name), "suites": suites,
             "description": info.get("description", ""), "cells": len(records),
             "records": [r for r in described(records) if verified(r, reproduced)],
             "paper": bool(info.get("paper")), "scenarios": len({r["scenario"] for r in records}), "infos": infos,
-            **statuses}
+            "checks": checks(records, checked), **statuses}
+
+
+def checks(records: list[dict[str, Any]], checked: Checked | None) -> dict[str, Any]:
+    """What was re-checked in one directory, as the front page states it: its totals, per scenario (so a page that
+    groups scenarios into tracks adds them up), and where and when `leakbench verify` ran."""
+    per = counts(records, checked)
+    total = {k: sum(c[k] for c in per.values()) for k in ("cells", "reproduced", "sealed", "unverified")}
+    return {**total, "scenarios": per, "machine": checked.machine if checked else "",
+            "date": checked.date if checked else ""}
 
 
 def check_folders(root: str | Path, current: Info | None = None) -> Loaded:
@@ -108,11 +120,11 @@ def _named(entries: list[dict[str, Any]], suite: str) -> dict[str, Any] | None:
 
 def build_site(root: str | Path, current: Info | None = None, generated: str | None = None,
                stale: Stale | None = None, loaded: Loaded | None = None,
-               verifications: dict[Path, Verification] | None = None) -> Path:
+               verifications: dict[Path, Checked] | None = None) -> Path:
     """Re-render every suite directory under root and write root/index.html, the front page; `current` gives a
     suite's page info as its definition has it now (the CLI passes the built-in suites'); `generated` is the
     date the pages print; `loaded` what check_folders read (read here when not given); `verifications` what
-    `leakbench verify` reproduced per directory."""
+    `leakbench verify` re-checked per directory."""
     root = Path(root)
     loaded = check_folders(root, current) if loaded is None else loaded
     verifications = verifications or {}

@@ -177,6 +177,12 @@ def scenario_table(records: list[dict[str, Any]], info: dict[str, Any] | None = 
             "dropped": [{"text": t, "attacks": a} for t, a in dropped.items()]}
 
 
+def ranks(records: list[dict[str, Any]], info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Each row's rank in the table of one scenario's records ("" where it has none): what `leakbench verify` keeps
+    when a recomputed cell takes its record's place (bench/run/verify.py)."""
+    return {row["defense"]: row["rank"] for row in scenario_table(records, info)["rows"]}
+
+
 def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported, families, schema,
          notes: C.Notes, cal: dict[str, Calibration], no_utility: str) -> dict[str, Any]:
     by_attack = {attack_label(r): r for r in mine}
@@ -209,7 +215,10 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
                           for c in g.columns]
             if g.nocal:   # its values stand, greyed, but judge nothing
                 mine_cells = [{**cell, "cls": (cell["cls"] + " uncal").strip(), "title": g.nocal} for cell in mine_cells]
-        cells += [{**cell, "tabs": g.tabs, "strongest": g.kind == "strongest"} for cell in mine_cells]
+        for cell in mine_cells:   # the record each cell shows, so a page can mark it sealed or reproduced
+            source = cell.get("record") if g.kind == "strongest" else run if g.kind == "run" else by_attack.get(g.name)
+            cells.append({**cell, "tabs": g.tabs, "strongest": g.kind == "strongest",
+                          "cell_id": source["cell_id"] if source else None})
     name = mine[0]["defense"]
     return {"defense": dlabel, "name": name, "params": dlabel[len(name):], "sources": sources(mine[0], "defense"),
             "topology": run["details"].get("key_topology", ""),

@@ -1,15 +1,27 @@
-"""`leakbench verify`: a folder's cells recomputed from their stored configs and compared metric by metric, end to
-end on the tiny core suite (tests/conftest.py), and `site --verify` publishing only what reproduces."""
+"""`leakbench verify`: the cells that decide a page recomputed from their stored configs and compared at each metric's
+tolerance, keeping verdict bands and ranks; the forgeries a checksum lets through caught; pages that say which cells
+were re-checked. End to end on the tiny core suite (tests/conftest.py), and on the committed core records where a
+forgery is read, never recomputed."""
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
 
 import pytest
 
 from bench.cli import main
-from bench.protocol.records import DIGEST, seal
-from bench.run.verify import Tolerance, choose, differences, rebuild
+from bench.evaluation.calibration import record_verdict
+from bench.evaluation.deciding import deciding_cells
+from bench.evaluation.schema import attack_label, defense_label, family, schema_of
+from bench.evaluation.verification import counts, load_report, mark
+from bench.protocol.records import DIGEST, seal, sealed
+from bench.run.tolerance import Tolerance, differences
+from bench.run.verify import _rank
+from leaderboards.tables import ranks
 from tests.conftest import DP, copy_export, find_record
+
+CORE = Path(__file__).resolve().parents[1] / "leaderboards" / "results" / "core"
 
 
 def _forge(label: str, **metrics):
@@ -21,17 +33,156 @@ def _forge(label: str, **metrics):
     return edit
 
 
-def test_a_genuine_row_reproduces_and_a_resealed_forgery_differs(tiny_core, tmp_path, capsys):
-    folder = copy_export(tiny_core, tmp_path / "sent", _forge(f"{DP}/idlg-extended", lnacc=0.5))
-    assert main(["verify", str(folder), "--only", f"{DP}/*", "--sample", "all"]) == 1
+@pytest.fixture(scope="module")
+def committed():
+    """Core's committed records and page info, read (never recomputed): the forgeries of issue 72 are made on them."""
+    return json.loads((CORE / "results.json").read_text()), json.loads((CORE / "pages.json").read_text())
+
+
+def _committed(records, scenario, defense, attack):
+    return next(r for r in records if r["scenario"] == scenario and r["defense"] == defense and r["attack"] == attack)
+
+
+def test_a_psnr_forged_inside_its_own_interval_does_not_reproduce(committed):
+    genuine = _committed(committed[0], "fmnist-mlp-utility", "fedml-he", "spear")
+    low, high = genuine["details"]["psnr_ci95"]
+    forged = seal(copy.deepcopy(genuine) | {"metrics": genuine["metrics"] | {"psnr": 6.0}})
+    assert sealed(forged) and low < 6.0 < high   # a checksum and the stored interval both let it through
+    found = {d.what: d for d in differences(forged, genuine, Tolerance())}   # recomputed as committed
+    assert found["psnr"].tolerance == "±0.5 dB" and found["psnr"].stored == 6.0
+    assert (found["band of psnr"].stored, found["band of psnr"].recomputed) == ("resisted", "leak")
+    assert "partly recovered" in found["verdict"].stored and found["verdict"].recomputed == "image recovered"
+    assert differences(genuine, copy.deepcopy(genuine), Tolerance()) == []
+
+
+def test_a_resealed_edit_of_a_deciding_cell_is_chosen_and_differs(committed):
+    records, pages = committed
+    genuine = _committed(records, "cifar10-lenet-images-b1", "maskcrypt", "inverting-gradients")
+    assert round(genuine["metrics"]["psnr"], 2) == 18.73
+    forged = [copy.deepcopy(r) for r in records]
+    edited = next(r for r in forged if r["cell_id"] == genuine["cell_id"])
+    edited["metrics"]["psnr"] -= 10.0
+    seal(edited)
+    assert mark(edited, None)["state"] == "sealed"          # a page reads it as computed, not as re-checked
+    assert genuine["cell_id"] in deciding_cells(forged, pages)
+    found = {d.what for d in differences(edited, genuine, Tolerance())}
+    assert {"psnr", "band of psnr"} <= found   # partly recovered -> not recovered, by PSNR
+
+
+def test_a_forged_cell_that_is_not_its_rows_worst_is_chosen_all_the_same(committed):
+    """The old sample drew 8 cells plus each row's worst, chosen from stored values: a forgery that lowers a cell
+    below its row's worst never became one. The structure chooses every calibrated cell, whatever it stores."""
+    records, pages = committed
+    schema = schema_of(records)
+    row = [r for r in records if r["scenario"] == "cifar10-lenet-images-b1" and r["defense"] == "maskcrypt"
+           and family(r) == "image" and r["status"] == "ok"]
+    worst = max(row, key=lambda r: r["metrics"]["psnr"])
+    other = next(r for r in row if r is not worst and record_verdict(r, schema).level)
+    forged = [copy.deepcopy(r) for r in records]
+    edited = next(r for r in forged if r["cell_id"] == other["cell_id"])
+    edited["metrics"]["psnr"] = other["metrics"]["psnr"] - 3.0   # lowers the leakage it shows
+    seal(edited)
+    assert edited["metrics"]["psnr"] < worst["metrics"]["psnr"]   # never the row's worst case
+    assert other["cell_id"] in deciding_cells(forged, pages)
+    chosen = deciding_cells(records, pages)
+    assert set(chosen) == set(deciding_cells(forged, pages))      # the choice does not read the values
+
+
+def test_the_structure_chooses_calibration_verdict_utility_and_he_cells_and_not_the_rest(tiny_core):
+    records = json.loads((tiny_core / "core" / "results.json").read_text())
+    chosen = deciding_cells(records, json.loads((tiny_core / "core" / "pages.json").read_text()))
+    why = {f"{defense_label(r)}/{attack_label(r)}": chosen.get(r["cell_id"], "") for r in records}
+    assert why["plaintext/idlg(steps=1)"].startswith("calibration")     # the undefended row calibrates each attack
+    assert why["dp-fedavg(noise_multiplier=0.5)/idlg-extended"].startswith("verdict and rank")
+    assert why["fedhe-full/idlg(steps=1)"].startswith("HE cost")
+    assert why["dp-fedavg(noise_multiplier=0.5)/idlg(steps=1)"] == ""   # uncalibrated: it judges nothing
+
+
+def _pair(name, stored, recomputed, schema=None, metrics=None, scenario=None, details=None):
+    entry = {"unit": "", "kind": "privacy", "lower_is_better": True} | (schema or {})
+
+    def rec(value, ci=None):
+        return {"cell_id": "0" * 16, "status": "ok", "reason": "", "metrics": {name: value} | (metrics or {}),
+                "config": {"scenario": scenario or {}},
+                "details": {"family": "image", "metric_schema": {name: entry}} | (details or {})
+                | ({f"{name}_ci95": ci} if ci else {})}
+    return rec(*stored), rec(*recomputed)
+
+
+ACC = {"unit": "", "kind": "utility", "lower_is_better": False}
+MEMBERS = {"n_members": 200, "n_nonmembers": 200}
+
+
+@pytest.mark.parametrize("name, stored, recomputed, kw, agree", [
+    ("accuracy", (0.162,), (0.164,), {"schema": ACC, "metrics": {"test_samples": 500}}, True),     # 1 of 500
+    ("accuracy", (0.160,), (0.170,), {"schema": ACC, "metrics": {"test_samples": 500}}, True),     # 5 of 500
+    ("accuracy", (0.160,), (0.172,), {"schema": ACC, "metrics": {"test_samples": 500}}, False),    # 6 of 500
+    ("accuracy", (0.90,), (0.92,), {"schema": ACC, "metrics": {"test_samples": 10000}}, False),    # 200 of 10,000
+    ("psnr", (20.0,), (20.4,), {}, True), ("psnr", (20.0,), (20.6,), {}, False),
+    ("psnr", (29.8,), (30.1,), {}, False),               # within 0.5 dB, but "partly" becomes "recovered"
+    ("label_acc", (0.5,), (0.5 + 1 / 96,), {"scenario": {"batch_size": 32, "attack_repeats": 3}}, True),
+    ("label_acc", (0.5,), (0.5 + 2 / 96,), {"scenario": {"batch_size": 32, "attack_repeats": 3}}, False),
+    ("label_acc", (0.91,), (0.90,), {"scenario": {"batch_size": 32, "attack_repeats": 1}}, True),
+    ("label_acc", (0.90,), (0.89,), {"scenario": {"batch_size": 32, "attack_repeats": 1}}, False),  # leaves "recovered"
+    ("label_f1", (0.8,), (0.81,), {}, False),                                                       # exact
+    ("mia_auroc", (0.70, [0.60, 0.80]), (0.709, [0.609, 0.809]), {"details": MEMBERS}, True),      # 400 pair swaps
+    ("mia_auroc", (0.70, [0.60, 0.80]), (0.72, [0.62, 0.82]), {"details": MEMBERS}, False),        # inside the interval
+    ("mia_auroc", (0.70, [0.60, 0.80]), (0.70, [0.65, 0.80]), {"details": MEMBERS}, False),        # the interval moved
+    ("mia_tpr_at_1fpr", (0.10,), (0.105,), {"details": MEMBERS}, True),                           # one of 200 members
+    ("upload_bytes", (1000.0,), (1000.5,), {"schema": {"unit": "B"}}, False),                       # a count: exact
+    ("wall_s", (1.0,), (9.0,), {"schema": {"timing": True}}, True),                                 # never compared
+    ("kde_mi", (0.5,), (0.5004,), {}, True), ("kde_mi", (0.5,), (0.502,), {}, False),              # relative 1e-3
+    ("note", ("unavailable: x",), ("unavailable: x",), {}, True),
+])
+def test_each_metric_is_compared_at_its_tolerance_and_keeps_its_band(name, stored, recomputed, kw, agree):
+    a, b = _pair(name, stored, recomputed, **kw)
+    assert (differences(a, b, Tolerance()) == []) is agree
+
+
+def test_a_structural_detail_that_moves_a_cell_on_the_page_must_be_the_same():
+    a, b = _pair("psnr", (20.0,), (20.0,))
+    b["details"]["undefended"] = True
+    assert [d.what for d in differences(a, b, Tolerance())] == ["undefended"]
+
+
+def test_tolerances_parse_and_a_bad_one_is_refused(tiny_core, capsys):
+    tol = Tolerance.parse(["1e-2", "psnr=1.5"])
+    assert tol.relative == 0.01 and tol.per_metric == {"psnr": 1.5}
+    a, b = _pair("psnr", (20.0,), (21.0,))
+    assert differences(a, b, tol) == [] and differences(a, b, Tolerance()) != []
+    assert main(["verify", str(tiny_core / "core"), "--tolerance", "psnr=lots"]) == 2
+    assert "--tolerance 'psnr=lots'" in capsys.readouterr().err
+
+
+def test_a_recomputed_cell_that_moves_a_rank_does_not_reproduce(tiny_core):
+    records = json.loads((tiny_core / "core" / "results.json").read_text())
+    plain = find_record(records, "digits-tiny/plaintext/idlg(steps=1)")
+    plain["metrics"]["psnr"] = 20.0   # iDLG breaks the undefended row: its cells rank the rows by PSNR
+    info = json.loads((tiny_core / "core" / "pages.json").read_text())["core"]
+    stored = find_record(records, f"{DP}/idlg(steps=1)")
+    assert ranks(records, info)[defense_label(stored)] == 2
+    fresh = copy.deepcopy(stored)
+    fresh["metrics"]["psnr"] = 20.4   # within 0.5 dB, but now above the undefended row's 20.0
+    moved = _rank(stored, fresh, records, lambda recs: ranks(recs, info))
+    assert {d.what for d in moved} == {f"rank of {defense_label(stored)} in digits-tiny", "rank of plaintext in digits-tiny"}
+    assert _rank(stored, copy.deepcopy(stored), records, lambda recs: ranks(recs, info)) == []
+
+
+def test_by_default_the_deciding_cells_are_recomputed_and_a_resealed_edit_differs(tiny_core, tmp_path, capsys):
+    folder = copy_export(tiny_core, tmp_path / "sent" / "core", _forge(f"{DP}/idlg-extended", lnacc=0.5))
+    assert main(["verify", str(folder), "--only", f"{DP}/*", "--report", str(tmp_path / "forged.json")]) == 1
     out = capsys.readouterr().out
-    assert f"differs     {DP}/idlg-extended: lnacc stored 0.5, recomputed 1.0" in out
-    assert f"reproduced  {DP}/idlg(steps=1)" in out
-    assert "2 of 6 cell(s) selected" in out and "1 reproduced, 1 differ, 0 stale" in out
-    assert main(["verify", str(copy_export(tiny_core, tmp_path / "genuine")), "--sample", "all"]) == 0
-    assert "6 reproduced, 0 differ, 0 stale" in capsys.readouterr().out
-    # recomputed with the torch threads each record says computed it: the order of its float reductions
-    assert all(isinstance(r["environment"]["threads"], int) for r in json.loads((folder / "results.json").read_text()))
+    assert "1 of 6 cell(s) in 1 row(s) will be recomputed (1 deciding what its pages show, 0 drawn at random)" in out
+    assert "about " in out.splitlines()[0] and "torch thread(s)" in out.splitlines()[0]   # stated before it starts
+    assert f"differs     {DP}/idlg-extended: lnacc stored 0.5, recomputed 1.0 (±1 label" in out
+    assert "band of lnacc stored 'no opinion', recomputed 'leak'" in out
+    assert "1 of 6 cell(s) checked (1 deciding what its pages show, 0 drawn with seed 0): 0 reproduced, 1 differ" in out
+    # the report of a folder in which a cell differs is published nowhere
+    copy_export(tiny_core, tmp_path / "site" / "core", _forge(f"{DP}/idlg-extended", lnacc=0.5))
+    before = {p: p.read_bytes() for p in (tmp_path / "site").rglob("*") if p.is_file()}
+    assert main(["site", str(tmp_path / "site"), "--report", str(tmp_path / "forged.json")]) == 1
+    assert "1 of 1 recomputed cell(s) differ from what it stores; nothing was published" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in (tmp_path / "site").rglob("*") if p.is_file()} == before
 
 
 def test_a_cell_of_other_code_is_stale_until_forced(tiny_core, tmp_path, capsys):
@@ -43,69 +194,94 @@ def test_a_cell_of_other_code_is_stale_until_forced(tiny_core, tmp_path, capsys)
     assert main(["verify", str(folder), "--only", f"{DP}/idlg-extended"]) == 0
     out = capsys.readouterr().out
     assert "stale       " in out and "recompute with --force or check out the commit of 0123456789abcdef" in out
-    assert "0 reproduced, 0 differ, 1 stale" in out     # the sampled cell is its row's headline cell
+    assert "0 reproduced, 0 differ, 1 stale" in out
     assert main(["verify", str(folder), "--only", f"{DP}/idlg-extended", "--force"]) == 0
     assert "1 reproduced, 0 differ, 0 stale" in capsys.readouterr().out
 
 
-def test_the_sample_is_seeded_and_brings_each_rows_headline_cell(tiny_core):
-    records = json.loads((tiny_core / "core" / "results.json").read_text())
-    cells = {r["cell_id"]: rebuild(r) for r in records}
-    assert all(c is not None and c.cell_id == cid for cid, c in cells.items())
-    chosen, drawn = choose(records, cells, 1, None, seed=3)
-    again, _ = choose(records, cells, 1, None, seed=3)
-    assert drawn == 1 and [r["cell_id"] for r in chosen] == [r["cell_id"] for r in again]
-    rows = {(r["scenario"], r["defense"]) for r in chosen}
-    assert len(rows) == 1 and 1 <= len(chosen) <= 2
-    ok = [r for r in chosen if r["status"] == "ok"]
-    assert not ok or any(r["attack"] == "idlg-extended" for r in ok)   # the row's verdict rests on its labels
+def test_only_narrows_and_a_pattern_that_selects_nothing_is_one_line(tiny_core, capsys):
+    assert main(["verify", str(tiny_core / "core"), "--only", "zzz-nothing"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "--only 'zzz-nothing' selects none" in captured.err
+    assert main(["verify", str(tiny_core / "core"), "--dry-run", "--sample", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "6 of 6 cell(s) in 3 row(s) will be recomputed (5 deciding what its pages show, 1 drawn at random)" in out
+    assert f"recompute  {DP}/idlg(steps=1): drawn at random" in out
 
 
-def _pair(name, stored, recomputed, **schema):
-    entry = {"unit": "", "kind": "privacy", "lower_is_better": True} | schema
-    def rec(value, ci=None):
-        return {"status": "ok", "reason": "", "metrics": {name: value},
-                "details": {"family": "image", "metric_schema": {name: entry}} | ({f"{name}_ci95": ci} if ci else {})}
-    return rec(*stored), rec(*recomputed)
+def test_a_verification_report_is_shown_where_it_is_published(tiny_core, tmp_path, capsys):
+    folder = copy_export(tiny_core, tmp_path / "checked" / "core")
+    report = tmp_path / "report.json"
+    assert main(["verify", str(folder), "--sample", "all", "--report", str(report)]) == 0
+    assert "6 reproduced, 0 differ, 0 stale" in capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert data["folder"] == "core" and len(data["outcomes"]) == 6 and data["machine"] and data["date"]
+    assert {o["tolerances"]["accuracy"] for o in data["outcomes"]} == {"±5 of 100 test samples"}
+    site = tmp_path / "site"
+    copy_export(tiny_core, site / "core")   # published from another folder than the one verified
+    assert main(["site", str(site), "--date", "2026-01-01", "--report", str(report)]) == 0
+    page, front = (site / "core" / "index.html").read_text(), (site / "index.html").read_text()
+    assert f"6 of 6 cells reproduced by <code>leakbench verify</code> on {data['machine']}, {data['date']}" in page
+    assert 'data-check="reproduced"' in page and 'data-check="sealed"' not in page
+    assert 'id="verification"' in page and "drawn at random" in page and "±5 of 100 test samples" in page
+    assert f"6 of 6 cells reproduced on {data['machine']}" in front
+    # the same folder without a report: every cell as computed (sealed), named a checksum, nothing re-checked
+    assert main(["site", str(site), "--date", "2026-01-01"]) == 0
+    page = (site / "core" / "index.html").read_text()
+    assert "Not re-checked:" in page and "not a forgery" in page and 'data-check="reproduced"' not in page
+    records = json.loads((site / "core" / "results.json").read_text())
+    assert counts(records, None)["digits-tiny"] == {"cells": 6, "reproduced": 0, "sealed": 6, "unverified": 0}
 
 
-@pytest.mark.parametrize("name, stored, recomputed, schema, agree", [
-    ("psnr", (20.0,), (20.01,), {}, True), ("psnr", (20.0,), (20.1,), {}, False),   # 1e-3 relative
-    ("upload_bytes", (1000.0,), (1000.5,), {"unit": "B"}, False),                    # a count: exact
-    ("wall_s", (1.0,), (9.0,), {"timing": True}, True),                              # never compared
-    ("mia_auroc", (0.70, [0.60, 0.80]), (0.72, [0.62, 0.82]), {}, True),             # inside the recomputed interval
-    ("mia_auroc", (0.95, [0.60, 0.80]), (0.72, [0.62, 0.82]), {}, False),            # the stored value outside it
-    ("note", ("unavailable: x",), ("unavailable: x",), {}, True),
+@pytest.mark.parametrize("edit, phrase", [
+    (lambda d: d["outcomes"][0].update(digest="0" * 16), "is no record of the folder"),
+    (lambda d: d.update(folder="elsewhere"), "the report's folder 'elsewhere' is none of core"),
+    (lambda d: d["outcomes"][0].update(state="fine"), "is none of reproduced, differs, stale"),
+    (lambda d: d.update(date="yesterday"), "is not YYYY-MM-DD"),
+    (lambda d: d.update(format="x"), "its format is not"),
+    (None, "is not valid JSON"),
 ])
-def test_each_metric_is_compared_at_its_tolerance(name, stored, recomputed, schema, agree):
-    a, b = _pair(name, stored, recomputed, **schema)
-    assert (differences(a, b, Tolerance()) == []) is agree
+def test_a_bad_report_is_refused_in_one_line(tiny_core, tmp_path, capsys, edit, phrase):
+    records = json.loads((tiny_core / "core" / "results.json").read_text())
+    from bench.protocol.records import digest
+    data = {"format": "leakbench-verification/1", "folder": "core", "machine": "m", "date": "2026-01-01", "cells": 6,
+            "outcomes": [{"cell_id": records[0]["cell_id"], "label": "x", "digest": digest(records[0]),
+                          "state": "reproduced", "chosen": "c", "why": "", "tolerances": {}, "differences": [],
+                          "seconds": 1.0}]}
+    assert load_report(_write(tmp_path / "ok.json", data), {"core": records}).reproduced == {digest(records[0])}
+    copy_export(tiny_core, tmp_path / "site" / "core")
+    bad = tmp_path / "bad.json"
+    if edit is None:
+        bad.write_text("{not json")
+    else:
+        edit(data)
+        _write(bad, data)
+    assert main(["site", str(tmp_path / "site"), "--report", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and phrase in err and not (tmp_path / "site" / "index.html").exists()
 
 
-def test_tolerances_parse_and_a_bad_one_is_refused(tiny_core, capsys):
-    tol = Tolerance.parse(["1e-2", "psnr=0.5"])
-    assert tol.relative == 0.01 and tol.per_metric == {"psnr": 0.5}
-    assert main(["verify", str(tiny_core / "core"), "--tolerance", "psnr=lots"]) == 2
-    assert "--tolerance 'psnr=lots'" in capsys.readouterr().err
+def _write(path: Path, data) -> Path:
+    path.write_text(json.dumps(data))
+    return path
 
 
 def test_site_verify_publishes_what_reproduces_and_refuses_a_forgery(tiny_core, tmp_path, capsys):
-    records = json.loads((tiny_core / "core" / "results.json").read_text())
-    chosen, _ = choose(records, {r["cell_id"]: rebuild(r) for r in records}, 1, None, seed=0)
-    stripped = chosen[0]["cell_id"]
-
-    def strip(recs):   # a genuine record without its digest: unverified until verify reproduces it
-        del next(r for r in recs if r["cell_id"] == stripped)["environment"][DIGEST]
-    copy_export(tiny_core, tmp_path / "site" / "core", strip)
-    assert main(["site", str(tmp_path / "site"), "--date", "2026-01-01", "--verify", "1"]) == 0
+    def dp_row(recs):   # one row, no utility: each of its cells flags it; a digest stripped, so only verify admits it
+        recs[:] = [r for r in recs if r["defense"] == "dp-fedavg"]
+        del find_record(recs, f"{DP}/idlg-extended")["environment"][DIGEST]
+    copy_export(tiny_core, tmp_path / "site" / "core", dp_row)
+    assert main(["site", str(tmp_path / "site"), "--date", "2026-01-01", "--verify", "0"]) == 0
     page = (tmp_path / "site" / "core" / "index.html").read_text()
-    assert f"verified: {len(chosen)} of 6 cells recomputed" in page and 'class="unverified' not in page
-    def inflate(recs):   # the sampled record's upload size edited and resealed
-        rec = next(r for r in recs if r["cell_id"] == stripped)
+    assert "2 of 2 cells reproduced by <code>leakbench verify</code>" in page and 'class="unverified' not in page
+
+    def inflate(recs):   # the deciding cell's upload size edited and resealed
+        dp_row(recs)
+        rec = find_record(recs, f"{DP}/idlg-extended")
         rec["metrics"]["upload_bytes"] += 1
         seal(rec)
     forged = copy_export(tiny_core, tmp_path / "forged" / "core", inflate)
     before = {p: p.read_bytes() for p in forged.rglob("*")}
-    assert main(["site", str(tmp_path / "forged"), "--verify", "1"]) == 1
+    assert main(["site", str(tmp_path / "forged"), "--verify", "0"]) == 1
     assert "nothing was published" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in forged.rglob("*")} == before and not (tmp_path / "forged" / "index.html").exists()

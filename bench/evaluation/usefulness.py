@@ -51,7 +51,7 @@ def no_utility(rec: dict[str, Any], chance: float | None, untrained: float | Non
     return ""
 
 
-def _yardsticks(records, info, scenario) -> tuple[float | None, float | None]:
+def yardsticks(records, info, scenario) -> tuple[float | None, float | None]:
     """(chance accuracy, the untrained model's perplexity) of one scenario."""
     untrained_names = set(info.get("untrained") or ())
     base = [r["metrics"]["perplexity"] for r in records
@@ -62,7 +62,7 @@ def _yardsticks(records, info, scenario) -> tuple[float | None, float | None]:
 def measures_utility(records: list[dict[str, Any]], info: dict[str, Any], scenario: str,
                      label: Callable[[dict[str, Any]], str]) -> bool:
     """False when the scenario's undefended row itself has no utility: then it tells no row's utility apart."""
-    chance, untrained = _yardsticks(records, info, scenario)
+    chance, untrained = yardsticks(records, info, scenario)
     plain = [r for r in records if undefended(r) and r["status"] != "diverged"]
     return not (plain and all(no_utility(r, chance, untrained) for r in plain))
 
@@ -71,7 +71,7 @@ def useless(records: list[dict[str, Any]], info: dict[str, Any], scenario: str,
             label: Callable[[dict[str, Any]], str]) -> dict[str, str]:
     """Per defense label of one scenario's records: why it has no utility (labels with utility are left out)."""
     untrained_names = set(info.get("untrained") or ())
-    chance, untrained = _yardsticks(records, info, scenario)
+    chance, untrained = yardsticks(records, info, scenario)
     if not measures_utility(records, info, scenario, label):
         return {}   # the scenario does not measure utility: its undefended model is no better than chance
     out: dict[str, str] = {}

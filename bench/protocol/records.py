@@ -29,8 +29,10 @@ rank, calibration or front-page cell, leaderboards/render.py), a run never copie
 code always seals), `compare` marks it, and the schema upgrade never seals it (bench/run/upgrade.py). So a
 record whose digest was removed reads like the old undigested records, which are unverified too.
 
-What is not caught: the digest is a checksum, not a signature, so whoever edits a record and recomputes the
-digest with this code gets through; only recomputing the cell (`leakbench verify`) catches that.
+What is not caught: the digest is a checksum against accidental edits, not a signature, so whoever edits a record
+and recomputes the digest with this code gets through; only recomputing the cell (`leakbench verify`) catches that.
+So a page calls a sealed record "as computed (sealed)" and only a recomputed one "reproduced by verify"
+(bench/evaluation/verification.py): a resealed forgery reads sealed, never re-checked.
 """
 from __future__ import annotations
 

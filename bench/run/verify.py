@@ -1,31 +1,81 @@
-"""`leakbench verify DIR`: trust a results folder by recomputing a sample of it.
+"""`leakbench verify DIR`: re-check a results folder by recomputing the cells that decide what its pages show.
 
-A digest catches accidents, not intent: anyone can recompute one (bench/protocol/records.py). So, as
-RobustBench and HELM earn trust by re-running the evaluation, `verify` recomputes cells of a folder from their
-stored configs with the running code, through the same path a run takes (bench/run/cells.py run_group), and
-compares every metric with the stored value:
+A digest is a checksum against accidental edits, not a signature: anyone can reseal an edited record
+(bench/protocol/records.py). So, as RobustBench and HELM earn trust by re-running the evaluation, `verify`
+recomputes cells from their stored configs with the running code, through the path a run takes
+(bench/run/cells.py run_group), and compares each with its record.
 
-- selection: a seeded random sample of `sample` cells (after `only`, a label pattern as `leakbench run --only`
-  takes), plus the headline cell of every row it touches (the row's cell with the most severe verdict, the one
-  its verdict rests on); a row (scenario, defense) is one federated run, so its headline cell costs one attack;
-- tolerance: exact for counts and labels (bytes, whole numbers, the metrics banded as label recovery), status and
-  a blocked or diverged cell's reason; a metric with a stored 95% interval (a bootstrap) reproduces when the
-  stored value lies inside the recomputed interval and the two intervals overlap; any other number within
-  `Tolerance` (relative RELATIVE, absolute ABSOLUTE by default, per metric on the command line); timing
-  metrics are never compared;
-- outcome per cell: reproduced, differs (metric, stored, recomputed) or stale: computed by other code (its
-  fingerprint is not the running code's), so not compared; recompute it with --force or check out the
-  fingerprint's commit. A record whose config today's code cannot rebuild into its cell id is stale too.
+Which cells: by default every cell that decides something a page shows, chosen from the page's structure and
+never from the values the cells store (bench/evaluation/deciding.py: every cell of a calibrated attack, every
+undefended row's cell, the cells utility, HE cost and the notes' numbers are read from); the caller passes their
+ids. `sample` adds that many cells of the rest, drawn at random (seeded); `only` narrows both to the cells whose
+label matches. Before anything runs, `plan` states how many cells and rows will be recomputed and about how long
+it takes here: each row's stored federated run time once (its longest record's `wall_s`) plus each cell's stored
+attack time per upload times its uploads, scaled up where the records used more torch threads than this machine
+has CPUs; rows run one after another.
+
+The tolerance per metric, derived from what the metric measures (bench/run/tolerance.py):
+
+metric                         reproduces when the recomputed     why
+                               value is within
+-----------------------------  ---------------------------------  -----------------------------------------------------
+accuracy (and its personal     5 test samples: 5 / test_samples   a prediction flips where two logits lie within float
+and own-label forms)                                              error: across two CPUs whose torch dispatched other
+                                                                  kernels (AVX-512 and AVX2 paths, MKL), core's label
+                                                                  scenario's accuracies moved by 1 to 5 of 500 test
+                                                                  samples, the most any accuracy moved; with the
+                                                                  numerical path pinned most cells reproduce bit for
+                                                                  bit, so 5 (1 % of 500) is a ceiling, not an allowance
+PSNR                           0.5 dB                             an iterative reconstruction on another float path
+                                                                  ends elsewhere in the same basin; 0.5 dB is 12 % in
+                                                                  squared error, far inside the 12 dB between the cuts
+SSIM, LPIPS                    0.01                               the same on their [0, 1] scale, inside the 0.2-0.4
+                                                                  between their cuts
+label acc., IRec, exact        one item of one attacked batch:    they count the batch's labels (sentences, images): one
+match, images recovered        1 / (B x uploads)                  item is their resolution, and a float path moves at
+                                                                  most the one nearest its rounding
+LnAcc, LeAcc                   one label: 2 / (C x uploads), C =  one wrong label moves two class counts of C
+                               1 / chance_accuracy; else exact
+label F1, client class F1      exact                              F1 over a handful of present classes: one label moves
+                                                                  it far
+membership AUROC               m + n of the m n member/non-       AUROC is the share of ordered pairs, so one pair is
+                               member pairs swapped:              its resolution on the sample; a float path moves a
+                               (m + n) / (m n)                    score at most past its neighbour: one swap per sample
+TPR at a low FPR, FPR at a     1 / m, 1 / n, (1 / m + 1 / n) / 2  one member (non-member) across the threshold
+TPR, balanced accuracy
+bytes, whole numbers, test     exact                              counts and facts of the protocol: no float path
+samples, chance, status, a                                        changes them
+blocked or diverged reason,
+family, threat model,
+undefended
+times (schema: timing)         never compared                     a machine's speed
+any other number (epsilon,     relative 1e-3 (--tolerance REL)    float noise of a mean over a few hundred values
+KDE MI, fractions, costs)
+a stored 95 % interval         both bounds at its metric's        it is shown beside the value. Never "anywhere in the
+                               tolerance                          interval": a value forged inside its own interval
+                                                                  (PSNR 63.11 -> 6.0 dB in [5.4, 94.7]) does not
+                                                                  reproduce
+
+In every case the recomputed record must give the same verdict band for each banded metric
+(bench/evaluation/verdicts.py), the same record verdict, the same utility flag (bench/evaluation/usefulness.py)
+and, where the caller passes `ranks` (the CLI: leaderboards/tables.py), the same rank to every row of its
+scenario's table. `--tolerance METRIC=ABS` replaces one metric's entry. The tolerances are for the device the
+record names (its environment): on a GPU an iterative reconstruction follows another float path altogether.
 
 The run is the whole row's: every cell of the row in the folder takes part in the federated run (they decide
-what it draws: membership candidates, a malicious server's exchange), only the selected ones are scored, with
-as many torch threads as the record says computed it (a thread count changes the order of float reductions:
-core's labels row on 2 threads reproduces exactly, on 1 its accuracy moves by one of 500 test samples). Nothing
-is written to the folder; `leakbench site --verify N` passes what was reproduced to the pages (the reading rule).
+what it draws: membership candidates, a malicious server's exchange), only the chosen ones are scored, with as
+many torch threads as the record says computed it (the thread count orders float reductions). Each chosen cell
+reads reproduced, differs (what moved, stored, recomputed, the tolerance) or stale: computed by other code (its
+fingerprint is not the running code's, or its config no longer rebuilds), not compared; `force` compares it
+anyway. Nothing is written to the folder; the report (`Report.checked`, `--report FILE`) is what a page shows
+(bench/evaluation/verification.py).
 """
 from __future__ import annotations
 
-import math
+import datetime
+import fnmatch
+import os
+import platform
 import random
 import time
 from contextlib import contextmanager
@@ -34,42 +84,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from bench.evaluation.verification import Checked
 from bench.federation.scenario import Scenario, SpecError, build
 from bench.protocol.records import config_id, digest
 from bench.run.runner import selected
 from bench.run.spec import Cell, Component, Suite
+from bench.run.tolerance import Difference, Tolerance, differences, timing
 
-RELATIVE = 1e-3    # the float tolerance of reconstructions and every other real-valued metric (README)
-ABSOLUTE = 1e-6    # near zero
-DEFAULT_SAMPLE = 8
-STATES = ("reproduced", "differs", "stale")
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    relative: float = RELATIVE
-    absolute: float = ABSOLUTE
-    per_metric: dict[str, float] = field(default_factory=dict)   # metric -> relative tolerance
-
-    @classmethod
-    def parse(cls, texts: list[str]) -> "Tolerance":
-        """--tolerance REL (every real-valued metric) or METRIC=REL (one metric), repeatable; ValueError names a bad
-        one."""
-        relative, per = RELATIVE, {}
-        for text in texts:
-            name, _, value = text.rpartition("=")
-            try:
-                number = float(value)
-            except ValueError:
-                number = -1.0
-            if not number >= 0 or not math.isfinite(number):
-                raise ValueError(f"--tolerance {text!r}: expected a relative tolerance >= 0 (e.g. 1e-3) or "
-                                 "METRIC=REL (e.g. psnr=0.01)")
-            if name:
-                per[name] = number
-            else:
-                relative = number
-        return cls(relative, ABSOLUTE, per)
+SAMPLED = "drawn at random from the cells that decide nothing on the page"
+PINNING = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")   # stated with the machine
+Ranks = Callable[[list[dict[str, Any]]], dict[str, Any]]   # one scenario's records -> each row's rank
 
 
 @dataclass
@@ -79,17 +103,55 @@ class Outcome:
     record: dict[str, Any]
     label: str
     state: str                                   # reproduced, differs or stale
-    why: str = ""                                # stale: whose code; differs: the first difference in words
-    differences: list[tuple[str, Any, Any]] = field(default_factory=list)   # (metric, stored, recomputed)
+    chosen: str = ""                             # what the cell decides on the page, or SAMPLED
+    why: str = ""                                # stale: whose code; differs: the differences in words
+    differences: list[Difference] = field(default_factory=list)
+    tolerances: dict[str, str] = field(default_factory=dict)   # metric -> the tolerance it was compared at
     seconds: float = 0.0                         # its row's federated run and its attack, for the row's first cell
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cell_id": self.record["cell_id"], "label": self.label, "digest": digest(self.record),
+                "state": self.state, "chosen": self.chosen, "why": self.why, "tolerances": self.tolerances,
+                "differences": [[d.what, d.stored, d.recomputed, d.tolerance] for d in self.differences],
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class Plan:
+    """The cells to recompute, each with why it was chosen, and what it will take."""
+
+    records: list[dict[str, Any]]
+    cells: dict[str, Cell | None]
+    chosen: list[tuple[dict[str, Any], str]]     # (record, what it decides or SAMPLED), in the folder's order
+    stale: dict[str, str]                        # cell id -> why it will not be compared
+    deciding: int
+    sampled: int
+    seconds: float                               # estimated time here
+    forced: float = 0.0                          # the same with the stale cells recomputed too (--force)
+
+    @property
+    def rows(self) -> int:
+        return len({_row(r) for r, _ in self.chosen if r["cell_id"] not in self.stale})
+
+    def summary(self, where: str) -> str:
+        """The line `leakbench verify` states before it starts."""
+        compared = len(self.chosen) - len(self.stale)
+        threads = sorted({str((r.get("environment") or {}).get("threads", "?")) for r, _ in self.chosen})
+        stale = f"; {len(self.stale)} stale, not compared (about {_hours(self.forced)} with --force)" \
+            if self.stale else ""
+        return (f"verify {where}: {compared} of {len(self.records)} cell(s) in {self.rows} row(s) will be recomputed "
+                f"({self.deciding} deciding what its pages show, {self.sampled} drawn at random{stale}): about "
+                f"{_hours(self.seconds)} on this machine ({os.cpu_count()} CPUs; the records' stored run and "
+                f"attack times at {', '.join(threads)} torch thread(s), rows one after another)")
 
 
 @dataclass
 class Report:
     outcomes: list[Outcome]
-    sampled: int                                  # drawn at random; the rest are headline cells of their rows
-    cells: int                                    # cells in the folder
+    plan: Plan
     seconds: float
+    machine: str
+    date: str
 
     def count(self, state: str) -> int:
         return sum(o.state == state for o in self.outcomes)
@@ -98,11 +160,10 @@ class Report:
     def exit_code(self) -> int:
         return 1 if self.count("differs") else 0
 
-    def marks(self) -> tuple[frozenset[str], dict[str, int]]:
-        """What a page takes from the report (leaderboards/site.py): the digests of the records it reproduced,
-        which then count as verified, and the counts it states."""
-        reproduced = frozenset(digest(o.record) for o in self.outcomes if o.state == "reproduced")
-        return reproduced, {"reproduced": len(reproduced), "cells": self.cells, "stale": self.count("stale")}
+    def checked(self, folder: str) -> Checked:
+        """What a page takes from the report (bench/evaluation/verification.py), and what --report writes."""
+        return Checked(folder, self.machine, self.date, len(self.plan.records),
+                       tuple(o.to_json() for o in self.outcomes))
 
 
 def rebuild(rec: dict[str, Any]) -> Cell | None:
@@ -121,33 +182,75 @@ def rebuild(rec: dict[str, Any]) -> Cell | None:
     return None
 
 
-def headline(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The row's cell its verdict rests on: the finished cell with the most severe verdict (the first on a tie)."""
-    from bench.evaluation.calibration import record_verdict
-    from bench.evaluation.schema import schema_of
-    from bench.evaluation.verdicts import LEVELS
+def plan(records: list[dict[str, Any]], deciding: dict[str, str], sample: int | None = 0, only: str | None = None,
+         seed: int = 0, force: bool = False) -> Plan:
+    """The cells `deciding` names (cell id -> what it decides), plus `sample` drawn from the rest (None: all of
+    it), both narrowed by `only`; ValueError when `only` matches no stored cell."""
+    from bench.run.version import cell_components, cell_fingerprint, stale_components
 
-    schema = schema_of(records)
-
-    def severity(rec):
-        level = record_verdict(rec, schema).level if rec["status"] == "ok" else ""
-        return LEVELS.index(level) if level in LEVELS else -1
-    return max(records, key=severity)
-
-
-def choose(records: list[dict[str, Any]], cells: dict[str, Cell | None], sample: int | None, only: str | None,
-           seed: int) -> tuple[list[dict[str, Any]], int]:
-    """The records to recompute and how many of them were drawn at random (`sample` None: every selected one)."""
-    pool = [r for r in records if cells[r["cell_id"]] is None or selected(cells[r["cell_id"]], only)]
+    cells = {r["cell_id"]: rebuild(r) for r in records}
+    pool = [r for r in records if _matches(r, cells[r["cell_id"]], only)]
     if only and not pool:
-        raise ValueError(f"--only {only!r} selects none of the {len(records)} stored cells")
-    drawn = pool if sample is None or sample >= len(pool) else random.Random(seed).sample(pool, sample)
-    chosen = {r["cell_id"]: r for r in drawn}
-    for key in dict.fromkeys(_row(r) for r in drawn):
-        best = headline([r for r in records if _row(r) == key])
-        chosen.setdefault(best["cell_id"], best)
-    order = {r["cell_id"]: i for i, r in enumerate(records)}
-    return sorted(chosen.values(), key=lambda r: order[r["cell_id"]]), len(drawn)
+        raise ValueError(f"--only {only!r} selects none of the {len(records)} stored cells; patterns match "
+                         "scenario/defense/attack labels, e.g. 'cifar10-lenet-labels-b32/*'")
+    rest = [r for r in pool if r["cell_id"] not in deciding]
+    drawn = rest if sample is None or sample >= len(rest) else random.Random(seed).sample(rest, sample)
+    picked = {r["cell_id"] for r in drawn} | {r["cell_id"] for r in pool if r["cell_id"] in deciding}
+    chosen = [(r, deciding.get(r["cell_id"], SAMPLED)) for r in pool if r["cell_id"] in picked]
+    stale = {}
+    for rec, _ in chosen:
+        cell, theirs = cells[rec["cell_id"]], (rec.get("environment") or {}).get("fingerprint")
+        if cell is None:
+            stale[rec["cell_id"]] = ("its config is of an older schema this code cannot rebuild; check out the "
+                                     f"commit of fingerprint {theirs}")
+        elif not force and theirs != (mine := cell_fingerprint(cell)):
+            moved = stale_components((rec.get("environment") or {}).get("components"), cell_components(cell))
+            stale[rec["cell_id"]] = (f"computed by code {theirs} (other {', '.join(moved)}), this code is {mine}: "
+                                     f"recompute with --force or check out the commit of {theirs}")
+    compared = [r for r, _ in chosen if r["cell_id"] not in stale]
+    rebuilt = [r for r, _ in chosen if cells[r["cell_id"]] is not None]
+    return Plan(records, cells, chosen, stale, len(chosen) - len(drawn), len(drawn), _estimate(records, compared),
+                _estimate(records, rebuilt))
+
+
+def _matches(rec: dict[str, Any], cell: Cell | None, only: str | None) -> bool:
+    """--only over the record's label; a record that no longer rebuilds is matched by its stored label."""
+    if cell is not None:
+        return selected(cell, only)
+    if not only:
+        return True
+    labels = (_label(rec), f"{rec['scenario']}/{rec['defense']}/{rec['attack']}")
+    glob = any(ch in only for ch in "*?[")
+    return any(fnmatch.fnmatchcase(x, only) if glob else only in x for x in labels)
+
+
+def _estimate(records: list[dict[str, Any]], compared: list[dict[str, Any]]) -> float:
+    """Seconds: each row's longest stored federated run once plus each compared cell's attack time per upload times
+    its uploads, scaled by stored threads over this machine's CPUs where the records used more."""
+    cpus = os.cpu_count() or 1
+    total = 0.0
+    for key in dict.fromkeys(_row(r) for r in compared):
+        row = [r for r in records if _row(r) == key]
+        mine = [r for r in compared if _row(r) == key]
+        run = max(float(r["metrics"].get("wall_s") or 0) for r in row)
+        attacks = sum(float(r["metrics"].get("attack_s") or 0) * _uploads(r) for r in mine)
+        threads = (mine[0].get("environment") or {}).get("threads")
+        scale = max(1.0, threads / cpus) if isinstance(threads, int) and threads > 0 else 1.0
+        total += (run + attacks) * scale
+    return total
+
+
+def _uploads(rec: dict[str, Any]) -> int:
+    lists = [v for v in (rec["details"].get("per_target") or {}).values() if isinstance(v, list)]
+    if lists:
+        return max(len(v) for v in lists)
+    repeats = ((rec.get("config") or {}).get("scenario") or {}).get("attack_repeats")
+    return int(repeats) if isinstance(repeats, (int, float)) and repeats >= 1 else 1
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else \
+        f"{seconds:.0f} s"
 
 
 def _row(rec: dict[str, Any]) -> tuple[str, str, str]:
@@ -155,70 +258,16 @@ def _row(rec: dict[str, Any]) -> tuple[str, str, str]:
     return rec["suite"], rec["scenario"], config_id(rec["config"].get("defense") or {})
 
 
-def differences(stored: dict[str, Any], fresh: dict[str, Any], tol: Tolerance) -> list[tuple[str, Any, Any]]:
-    """Where the recomputed record disagrees with the stored one (module docstring: the tolerances)."""
-    if stored["status"] != fresh["status"]:
-        return [("status", stored["status"], f"{fresh['status']} ({fresh['reason']})" if fresh["reason"]
-                 else fresh["status"])]
-    out = []
-    if stored["status"] in ("blocked", "diverged") and stored["reason"] != fresh["reason"]:
-        out.append(("reason", stored["reason"], fresh["reason"]))
-    for name in sorted(set(stored["metrics"]) | set(fresh["metrics"])):
-        kind = _kind(name, stored, fresh)
-        if kind == "timing":
-            continue
-        a, b = stored["metrics"].get(name), fresh["metrics"].get(name)
-        if not _agree(name, kind, a, b, stored["details"], fresh["details"], tol):
-            out.append((name, a, b))
-    return out
-
-
-def _kind(name: str, stored: dict[str, Any], fresh: dict[str, Any]) -> str:
-    """timing, exact (a count: bytes or a whole number; or a label metric, one whose verdict band speaks of
-    labels) or real: from the running code's metric schema (the fresh record's snapshot)."""
-    from bench.evaluation.verdicts import BANDS, LABELS
-
-    entry = fresh["details"].get("metric_schema", {}).get(name) or \
-        stored["details"].get("metric_schema", {}).get(name) or {}
-    if entry.get("timing"):
-        return "timing"
-    whole = entry.get("unit") == "B" or str(entry.get("fmt", "")).endswith(".0f}")
-    return "exact" if whole or name in BANDS and BANDS[name].words == LABELS else "real"
-
-
-def _agree(name: str, kind: str, a: Any, b: Any, stored: dict, fresh: dict, tol: Tolerance) -> bool:
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
-    if not numbers or kind == "exact":
-        return a == b or numbers and math.isnan(a) and math.isnan(b)
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    rel = tol.per_metric.get(name, tol.relative)
-    mine, theirs = stored.get(f"{name}_ci95"), fresh.get(f"{name}_ci95")
-    if _interval(mine) and _interval(theirs):   # a bootstrap: inside the recomputed interval, intervals overlap
-        slack = tol.absolute + rel * max(abs(theirs[0]), abs(theirs[1]))
-        return theirs[0] - slack <= a <= theirs[1] + slack and mine[0] <= theirs[1] + slack and \
-            theirs[0] - slack <= mine[1]
-    return math.isclose(a, b, rel_tol=rel, abs_tol=tol.absolute)
-
-
-def _interval(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
-
-
-def verify(records: list[dict[str, Any]], data_root: str | None = None, sample: int | None = DEFAULT_SAMPLE,
-           only: str | None = None, seed: int = 0, tolerance: Tolerance = Tolerance(), force: bool = False,
+def verify(p: Plan, data_root: str | None = None, tolerance: Tolerance = Tolerance(), ranks: Ranks | None = None,
            progress: Callable[[Outcome], None] | None = None) -> Report:
-    """Recompute the chosen records (`choose`) row by row and compare each (`differences`); `progress` hears each
-    outcome as it is known. Bad input (a pattern that selects nothing, data that is missing) raises before any
-    cell runs."""
+    """Recompute the plan's cells row by row and compare each with its record (the module docstring's table);
+    `ranks` gives one scenario's rows their ranks, so a recomputed cell that moves a rank does not reproduce;
+    `progress` hears each outcome as it is known. Missing data raises before any cell runs."""
     from bench.run.cells import run_group
     from bench.run.preflight import check_suite_data
-    from bench.run.version import cell_components, cell_fingerprint, stale_components
 
     started = time.perf_counter()
-    cells = {r["cell_id"]: rebuild(r) for r in records}
-    chosen, drawn = choose(records, cells, sample, only, seed)
-    runnable = [cells[r["cell_id"]] for r in chosen if cells[r["cell_id"]] is not None]
+    runnable = [p.cells[r["cell_id"]] for r, _ in p.chosen if r["cell_id"] not in p.stale]
     if runnable:
         check_suite_data(Suite("verify", "", tuple(runnable)), data_root)
     outcomes: list[Outcome] = []
@@ -228,37 +277,58 @@ def verify(records: list[dict[str, Any]], data_root: str | None = None, sample: 
         if progress:
             progress(outcome)
 
-    for key in dict.fromkeys(_row(r) for r in chosen):
-        mine = [r for r in chosen if _row(r) == key]
-        scored = []
-        for rec in mine:
-            cell, label = cells[rec["cell_id"]], _label(rec)
-            theirs = (rec.get("environment") or {}).get("fingerprint")
-            if cell is None:
-                tell(Outcome(rec, label, "stale", "its config is of an older schema this code cannot rebuild; check "
-                                                  f"out the commit of fingerprint {theirs}"))
-            elif theirs != cell_fingerprint(cell) and not force:
-                moved = stale_components((rec.get("environment") or {}).get("components"), cell_components(cell))
-                tell(Outcome(rec, label, "stale", f"computed by code {theirs} (other {', '.join(moved)}), this code is "
-                                                  f"{cell_fingerprint(cell)}: recompute with --force or check out the "
-                                                  f"commit of {theirs}"))
-            else:
-                scored.append(rec)
-        if not scored:
-            continue
-        group = [c for r in records if _row(r) == key and (c := cells[r["cell_id"]]) is not None]
+    why = dict((r["cell_id"], w) for r, w in p.chosen)
+    for rec, chosen in p.chosen:
+        if rec["cell_id"] in p.stale:
+            tell(Outcome(rec, _label(rec), "stale", chosen, p.stale[rec["cell_id"]]))
+    for key in dict.fromkeys(_row(r) for r, _ in p.chosen if r["cell_id"] not in p.stale):
+        scored = [r for r, _ in p.chosen if _row(r) == key and r["cell_id"] not in p.stale]
+        group = [c for r in p.records if _row(r) == key and (c := p.cells[r["cell_id"]]) is not None]
         threads = (scored[0].get("environment") or {}).get("threads")
         with _threads(threads):
             clock = time.perf_counter()
-            for rec, new in zip(scored, run_group(group, data_root, scored=[cells[r["cell_id"]] for r in scored])):
-                found = differences(rec, new, tolerance)
+            fresh = run_group(group, data_root, scored=[p.cells[r["cell_id"]] for r in scored])
+            for rec, new in zip(scored, fresh):
+                found = differences(rec, new, tolerance) + _rank(rec, new, p.records, ranks)
                 seconds, clock = time.perf_counter() - clock, time.perf_counter()
-                why = "; ".join(f"{m} stored {a!r}, recomputed {b!r}" for m, a, b in found)
+                text = "; ".join(map(str, found))
                 if found and not isinstance(threads, int):
-                    why += (f" (the record does not say how many torch threads computed it; recomputed with "
-                            f"{torch.get_num_threads()}: set LEAKBENCH_THREADS to its count)")
-                tell(Outcome(rec, _label(rec), "differs" if found else "reproduced", why, found, seconds))
-    return Report(outcomes, drawn, len(records), time.perf_counter() - started)
+                    text += (f" (the record does not say how many torch threads computed it; recomputed with "
+                             f"{torch.get_num_threads()}: set LEAKBENCH_THREADS to its count)")
+                tell(Outcome(rec, _label(rec), "differs" if found else "reproduced", why[rec["cell_id"]], text,
+                             found, _tolerances(rec, new, tolerance), seconds))
+    return Report(outcomes, p, time.perf_counter() - started, machine(), datetime.date.today().isoformat())
+
+
+def _rank(stored: dict[str, Any], fresh: dict[str, Any], records: list[dict[str, Any]], ranks: Ranks | None
+          ) -> list[Difference]:
+    """The rows whose rank in the cell's scenario moves when its recomputed record takes the stored one's place."""
+    if ranks is None:
+        return []
+    scenario = [r for r in records if r["suite"] == stored["suite"] and r["scenario"] == stored["scenario"]]
+    before = ranks(scenario)
+    after = ranks([fresh if r is stored else r for r in scenario])
+    return [Difference(f"rank of {row} in {stored['scenario']}", before[row], after.get(row), "same rank")
+            for row in before if before[row] != after.get(row)]
+
+
+def _tolerances(stored: dict[str, Any], fresh: dict[str, Any], tol: Tolerance) -> dict[str, str]:
+    """Metric -> the tolerance it was compared at (times left out)."""
+    return {name: tol.of(name, stored).text for name in sorted(stored["metrics"])
+            if not timing(name, stored, fresh)}
+
+
+def machine() -> str:
+    """This machine as a page names the one that reproduced a cell: platform, CPU, cores, torch, the settings that
+    pin its numerical path where set."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    pinned = [f"{k}={os.environ[k]}" for k in PINNING if os.environ.get(k)]
+    return ", ".join([platform.platform(), cpu, f"{os.cpu_count()} CPUs", f"torch {torch.__version__}", *pinned])
 
 
 @contextmanager
@@ -279,4 +349,4 @@ def _label(rec: dict[str, Any]) -> str:
     return f"{rec['scenario']}/{defense_label(rec)}/{attack_label(rec)}"
 
 
-__all__ = ["DEFAULT_SAMPLE", "Outcome", "Report", "Tolerance", "choose", "differences", "rebuild", "verify"]
+__all__ = ["Outcome", "Plan", "Report", "SAMPLED", "Tolerance", "machine", "plan", "rebuild", "verify"]

@@ -1,0 +1,84 @@
+"""`leakbench verify DIR` and `leakbench site --verify N` on the command line: the cells a folder's pages decide with
+(bench/evaluation/deciding.py, from the page info the site reads), the plan stated before anything runs, each
+outcome as it is known, each scenario's ranks kept (leaderboards/tables.py), and the report written for `site
+--report FILE`. The recomputation and its tolerances are bench/run/verify.py's.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+Say = Callable[[str], None]   # bench/cli.py's say: a line on stdout
+Info = Callable[[str], "dict[str, Any] | None"]   # a built-in suite's current page info (bench/cli.py)
+
+
+def outcome_line(o) -> str:
+    """One line of `leakbench verify`'s report."""
+    if o.state == "reproduced":
+        return f"reproduced  {o.label} ({o.seconds:.1f} s)"
+    return f"{o.state:11s} {o.label}: {o.why}"
+
+
+def verified(directory: Path, records: list, current: Info, say: Say, data_root: str | None, sample: int | None,
+             progress, only: str | None = None, seed: int = 0, tolerance=None, force: bool = False,
+             dry_run: bool = False):
+    """`leakbench verify` of one folder: the cells its pages' structure says decide something, plus `sample`, with
+    the plan stated before anything runs and each row's ranks kept (leaderboards/tables.py); None for a dry run."""
+    from bench.evaluation.deciding import deciding_cells
+    from bench.run.verify import Tolerance, plan, verify
+    from leaderboards.site import page_info
+    from leaderboards.tables import ranks
+
+    infos = {s: page_info(s, directory, current) for s in dict.fromkeys(r["suite"] for r in records)}
+    chosen = plan(records, deciding_cells(records, infos), sample, only, seed, force)
+    say(chosen.summary(str(directory)))
+    if dry_run:
+        for rec, why in chosen.chosen:
+            say(f"{'stale' if rec['cell_id'] in chosen.stale else 'recompute':10s} {_label(rec)}: {why}")
+        return None
+    return verify(chosen, data_root, tolerance or Tolerance(), lambda recs: ranks(recs, infos[recs[0]["suite"]]),
+                  progress)
+
+
+def _label(rec) -> str:
+    from bench.evaluation.schema import attack_label, defense_label
+    return f"{rec['scenario']}/{defense_label(rec)}/{attack_label(rec)}"
+
+
+def verify_command(args, current: Info, say: Say) -> int:
+    """`leakbench verify DIR`: exit 1 when a cell differs, 0 otherwise (stale cells are said, not counted)."""
+    import json
+
+    from bench.models import torch_device
+    from bench.run.verify import Tolerance
+    from bench.evaluation.exports import load_records
+
+    torch_device.use(args.device)
+    tolerance = Tolerance.parse(args.tolerance)
+    if args.sample == "all":
+        sample = None
+    elif args.sample is None or args.sample.isdigit():
+        sample = int(args.sample or 0)
+    else:
+        raise ValueError(f"--sample {args.sample!r}: expected a number of cells >= 0 or 'all'")
+    report_to = Path(args.report) if args.report is not None else None
+    if report_to is not None and (report_to.is_dir() or not report_to.parent.resolve().is_dir()
+                                  or not os.access(report_to.parent.resolve(), os.W_OK)):
+        raise ValueError(f"--report '{args.report}': not a file in a writable directory; pass a path such as "
+                         "verification.json")
+    records = load_records(args.dir)
+    directory = (Path(args.dir) if Path(args.dir).is_dir() else Path(args.dir).parent).resolve()
+    report = verified(directory, records, current, say, args.data_root, sample, lambda o: say(outcome_line(o)),
+                      args.only, args.seed, tolerance, args.force, args.dry_run)
+    if report is None:
+        return 0
+    p = report.plan
+    say(f"verify {args.dir}: {len(report.outcomes)} of {len(p.records)} cell(s) checked ({p.deciding} deciding "
+        f"what its pages show, {p.sampled} drawn with seed {args.seed}): {report.count('reproduced')} reproduced, "
+        f"{report.count('differs')} differ, {report.count('stale')} stale; {report.seconds:.1f} s on "
+        f"{report.machine}")
+    if report_to is not None:
+        report_to.write_text(json.dumps(report.checked(directory.name).to_json(), indent=1, default=str) + "\n")
+        say(f"verify {args.dir}: report written to {args.report}")
+    return report.exit_code
