@@ -1,123 +1,123 @@
-"""The privacy-utility frontier on the front page, from the records of a sweep suite: each tunable defense at several
-settings in one utility scenario per attack family, beside the undefended row.
+"""The privacy-utility frontier on the front page: one panel per track and attack family, from the track summary's
+rows (leaderboards/summary.py), and one per scenario and family of the sweep suite, each tunable defense at several
+settings (suite `frontier`).
 
-One panel per (scenario, family of an attack calibrated there) in a scenario that measures utility
-(bench/evaluation/usefulness.py). Every (defense, parameters) row of the scenario is a point: across, its utility loss
-against the undefended row with the 95% interval as a bar (bench/evaluation/utility_loss.py); up, the strongest
-calibrated attack's worst case on the family's headline metric (the grid's headline: PSNR for images, AUROC for
-membership, ...), oriented so that up is more leakage; its HE time per round as the marker's area. The Pareto
-front (no other point has less loss and less leakage, one of them strictly) is marked and joined by a step line.
-A row every calibrated attack of the family found blocked by design sits on the floor; a diverged row, or one no
-calibrated attack judged, is listed in the panel's table and not placed. The panels are inline SVG drawn here:
-each point is a link to its record's scenario, with a tooltip; the table beside each gives the same numbers to
-screen readers. Built generically from records: nothing here names a defense or an attack.
+A point is one row: across, its utility loss against the undefended row of the track's utility scenario (the sweep's
+scenario) with the 95% interval as a bar (bench/evaluation/utility_loss.py); up, the strongest calibrated attack's
+worst case on the family's headline metric over the track's scenarios (the grid's headline: PSNR for images, AUROC
+for membership, ...), oriented so that up is more leakage; its HE time per round as the marker's area. A row every
+calibrated attack of the family found blocked by design sits on the floor. A row without a utility loss (a
+privacy-only track, diverged, not run in the utility scenario) or that no calibrated attack of the family judged is
+listed in the panel's table and not placed. The geometry, the Pareto front with intervals and the labels are
+leaderboards/panels.py's; a point links to its row of the summary (a track) or its scenario's table (a sweep), and
+the table beside the panel gives the same numbers. Built generically from records: nothing here names a defense or
+an attack.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from bench.evaluation.calibration import calibrate, calibrated, record_verdict
 from bench.evaluation.formats import is_number
-from leaderboards.grid import HE_TIME, headline
-from leaderboards.safe import site_href
 from bench.evaluation.schema import attack_label, defense_label, family, schema_of
 from bench.evaluation.usefulness import measures_utility
 from bench.evaluation.utility_loss import diverged_text, run_of, undefended_run, utility_loss
+from leaderboards.grid import HE_TIME, headline
+from leaderboards.panels import layout, ticks
+from leaderboards.safe import site_href
 
-WIDTH, HEIGHT = 440, 300
-LEFT, RIGHT, TOP, BOTTOM = 62, 14, 14, 46
-RADIUS, GROWTH = 4.0, 9.0   # marker radius without HE, and the most it grows (area proportional to HE time)
-
-
-def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
-    """For each (loss, leakage) point, lower better in both: whether no other point is at least as good in both
-    and strictly better in one."""
-    return [not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points) for p in points]
+__all__ = ["frontier", "track_panels", "ticks"]
 
 
-def ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values (1, 2 or 5 times a power of ten apart) covering [low, high]."""
-    if not high > low:
-        return [low]
-    raw = (high - low) / count
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first = math.ceil(low / step - 1e-9) * step
-    return [round(first + i * step, 12) for i in range(int((high - first) / step + 1e-9) + 1)]
+def _xlabel(metric: str, plain_text: str) -> str:
+    if metric == "accuracy":
+        return f"accuracy lost vs undefended ({plain_text}); 0.01 = 1 point"
+    return f"{metric} ratio to undefended ({plain_text}), ×"
 
 
-def _label(value: float) -> str:
-    return f"{value:.4g}"
+def _ylabel(shown) -> str:
+    unit = f" ({shown.unit})" if shown.unit and shown.unit not in ("B", "s") else ""
+    return f"{shown.header}{unit}, up: more leakage"
 
 
-def _point(d: str, mine: list[dict], run: dict | None, plain: dict | None, key: str, shown, schema) -> dict:
-    """One row of a panel: its strongest calibrated attack on the family's headline, utility loss and HE time."""
-    loss = utility_loss(run, plain) if run is not None else None
+def _he_seconds(run: dict[str, Any] | None) -> float | None:
     times = [run["metrics"][k] for k in HE_TIME if run is not None and is_number(run["metrics"].get(k))]
-    point = {"name": d, "loss": loss, "he": sum(times) if times else None, "value": None, "blocked": False,
-             "by": "", "verdict": None, "why": "", "record": run}
+    return sum(times) if times else None
+
+
+def _point(name: str, mine: list[dict], loss: dict | None, he: float | None, key: str, shown, schema) -> dict:
+    """One row of a panel: its strongest calibrated attack on the family's headline, utility loss and HE time."""
+    point = {"name": name, "loss": loss, "he": he, "value": None, "value_ci": None, "blocked": False, "by": "",
+             "verdict": None, "why": "", "record": mine[0] if mine else None,
+             "x": loss["loss"] if loss else None, "x_ci": loss["interval"] if loss else None}
     ok = [r for r in mine if r["status"] == "ok" and is_number(r["metrics"].get(key))]
     if loss is not None and loss["diverged"] is not None:
         point["why"] = loss["text"]
     elif ok:
         rec = (min if shown.lower_is_better is False else max)(ok, key=lambda r: r["metrics"][key])
-        point.update(value=rec["metrics"][key], by=attack_label(rec), verdict=record_verdict(rec, schema), record=rec)
+        ci = rec["details"].get(f"{key}_ci95")
+        point.update(value=rec["metrics"][key], by=attack_label(rec), verdict=record_verdict(rec, schema), record=rec,
+                     value_ci=ci if isinstance(ci, list) and len(ci) == 2 and all(is_number(v) for v in ci) else None)
     elif mine and all(r["status"] == "blocked" for r in mine):
         point.update(blocked=True, why="blocked by design", record=mine[0])
     elif any(r["status"] == "diverged" for r in mine):
         point["why"] = diverged_text(next(r for r in mine if r["status"] == "diverged"))
     else:
         point["why"] = "no calibrated attack of this family judged it" if not mine else mine[0]["status"]
-    point["placed"] = (point["value"] is not None or point["blocked"]) and loss is not None and loss["loss"] is not None
+    if loss is None and not point["why"]:
+        point["why"] = "no utility loss in the utility scenario"
+    point["placed"] = (point["value"] is not None or point["blocked"]) and loss is not None \
+        and loss["loss"] is not None
     return point
 
 
-def _layout(points: list[dict], shown) -> dict[str, Any]:
-    """Pixel positions, axes and the Pareto step line of one panel's placed points."""
-    placed = [p for p in points if p["placed"]]
-    sign = -1.0 if shown.lower_is_better is False else 1.0   # up is more leakage
-    values = [p["value"] for p in placed if not p["blocked"]] or [0.0]
-    xs = [p["loss"]["loss"] for p in placed]
-    xs += [v for p in placed if p["loss"]["interval"] for v in p["loss"]["interval"]]
-    x0, x1 = min(xs), max(xs)
-    pad = (x1 - x0) * 0.06 or 0.01
-    x0, x1 = x0 - pad, x1 + pad
-    c0, c1 = min(sign * v for v in values), max(sign * v for v in values)
-    span = (c1 - c0) or abs(c1) or 1.0
-    floor = c0 - 0.15 * span if any(p["blocked"] for p in placed) else None
-    c0, c1 = (floor if floor is not None else c0) - 0.06 * span, c1 + 0.06 * span
-    inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+def _panel(pid: str, points: list[dict], key: str, shown, fam: str, scenario: str, plain, title: str,
+           href: str) -> dict[str, Any] | None:
+    """A panel of two placed points or more (None: fewer), numbered in the table's order."""
+    if sum(p["placed"] for p in points) < 2:
+        return None
+    for i, p in enumerate(points, 1):
+        p["n"] = i
+    first = next(p for p in points if p["placed"])
+    metric, plain_text = first["loss"]["metric"], first["loss"]["plain_text"]
+    return {"id": pid, "title": title, "scenario": scenario, "family": fam, "key": key, "shown": shown,
+            "points": points, "metric": metric, "plain": plain, "plain_text": plain_text, "href": href,
+            **layout(points, shown.lower_is_better, _xlabel(metric, plain_text), _ylabel(shown))}
 
-    def px(x: float) -> float:
-        return round(LEFT + (x - x0) / (x1 - x0) * inner_w, 1)
 
-    def py(c: float) -> float:
-        return round(TOP + (c1 - c) / (c1 - c0) * inner_h, 1)
-
-    largest = max((p["he"] or 0.0 for p in placed), default=0.0)
-    for p in placed:
-        c = floor if p["blocked"] else sign * p["value"]
-        p["cost"] = -math.inf if p["blocked"] else c
-        p.update(cx=px(p["loss"]["loss"]), cy=py(c),
-                 r=round(RADIUS + (GROWTH * math.sqrt(p["he"] / largest) if largest and p["he"] else 0.0), 1))
-        if p["loss"]["interval"]:
-            p["bar"] = [px(v) for v in p["loss"]["interval"]]
-    for p, on in zip(placed, pareto_front([(p["loss"]["loss"], p["cost"]) for p in placed])):
-        p["front"] = on
-    front = sorted((p for p in placed if p["front"]), key=lambda p: p["cx"])
-    step = []
-    for a, b in zip(front, front[1:]):
-        step += [(a["cx"], a["cy"]), (b["cx"], a["cy"])]
-    step += [(front[-1]["cx"], front[-1]["cy"])] if front else []
-    low, high = sorted((sign * c0, sign * c1))
-    cticks = [c for c in (sign * v for v in ticks(low, high)) if c0 <= c <= c1]
-    return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
-            "bottom": HEIGHT - BOTTOM, "largest_he": largest,
-            "xticks": [{"at": px(x), "text": _label(x)} for x in ticks(x0, x1) if x0 <= x <= x1],
-            "yticks": [{"at": py(c), "text": _label(sign * c)} for c in cticks],
-            "floor": py(floor) if floor is not None else None,
-            "step": " ".join(f"{x},{y}" for x, y in step) if len(front) > 1 else ""}
+def track_panels(name: str, track: dict[str, Any]) -> dict[str, Any]:
+    """The panels of one track summary (leaderboards/summary.py's track_table): one per attack family."""
+    view = track["view"]
+    if track["privacy_only"]:
+        return {"name": track["name"], "panels": [], "skipped": ["a privacy-only track measures no utility"]}
+    recs = view["records"]
+    schema = schema_of(recs)
+    judged = []
+    for s in track["scenarios"]:
+        mine = [r for r in recs if r["scenario"] == s]
+        judged += calibrated(mine, calibrate(mine, attack_label), attack_label)
+    panels, skipped = [], []
+    rows = [r for r in track["rows"] if not r["na"] and r["coverage"][0]]   # n/a or not run here: no point
+    for fam in dict.fromkeys(c["family"] for c in view["columns"]):
+        mine = [r for r in judged if family(r) == fam]
+        key = headline(mine, fam)
+        if key is None:
+            skipped.append(f"{fam}: no calibrated attack of this family reports a headline metric here")
+            continue
+        points = []
+        for row in rows:
+            point = _point(row["name"], [r for r in mine if defense_label(r) == row["name"]], row["view"]["loss"],
+                           row["he"]["cpu_s_per_round"] if row["he"] else None, key, schema[key], schema)
+            point.update(href=f"#{row['view']['id']}", rank=row["rank"])
+            points.append(point)
+        panel = _panel(f"{view['id']}-frontier-{len(panels)}", points, key, schema[key], fam,
+                       track["utility_scenario"], track["plaintext"]["value"], f"{track['name']} · {fam}",
+                       f"#{view['id']}")
+        if panel is None:
+            skipped.append(f"{fam}: fewer than two rows can be placed")
+        else:
+            panels.append(panel)
+    return {"name": track["name"], "panels": panels, "skipped": skipped}
 
 
 def frontier(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
@@ -141,21 +141,17 @@ def frontier(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> 
             points = []
             for d in rows:
                 run = run_of([r for r in recs if defense_label(r) == d])
-                points.append(_point(d, [r for r in mine if defense_label(r) == d], run, plain, key, schema[key],
-                                     schema))
-            if sum(p["placed"] for p in points) < 2:
+                loss = utility_loss(run, plain) if run is not None else None
+                point = _point(d, [r for r in mine if defense_label(r) == d], loss, _he_seconds(run), key,
+                               schema[key], schema)
+                rec = point["record"] or run
+                point["href"] = site_href(name, fragment=f"{rec['suite']}--{s}") if rec else ""
+                points.append(point)
+            panel = _panel(f"frontier-{len(panels)}", points, key, schema[key], fam, s,
+                           plain["metrics"].get(points[0]["loss"]["metric"]) if plain and points[0]["loss"] else None,
+                           f"{fam} · {s}", site_href(name, fragment=f"{recs[0]['suite']}--{s}"))
+            if panel is None:
                 skipped.append(f"{s} ({fam}): fewer than two rows can be placed")
-                continue
-            layout = _layout(points, schema[key])
-            for i, p in enumerate(points, 1):
-                p["n"] = i
-                p["href"] = site_href(name, fragment=f"{p['record']['suite']}--{s}") if p["record"] else ""
-            metric = next(p["loss"]["metric"] for p in points if p["placed"])
-            panels.append({"id": f"frontier-{len(panels)}", "scenario": s, "family": fam, "key": key,
-                           "shown": schema[key], "points": points, "metric": metric,
-                           "plain": plain["metrics"].get(metric) if plain else None,
-                           "plain_text": next(p["loss"]["plain_text"] for p in points if p["placed"]), **layout,
-                           "xlabel": "accuracy lost vs undefended (points)" if metric == "accuracy"
-                           else f"{metric} ratio to undefended",
-                           "href": site_href(name, fragment=f"{recs[0]['suite']}--{s}")})
+            else:
+                panels.append(panel)
     return {"name": name, "panels": panels, "skipped": skipped}

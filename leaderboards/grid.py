@@ -10,8 +10,10 @@ the view or protocol prevents the attack. Utility (bench/evaluation/usefulness.p
 scenarios; each row counts the applicable attacks it was measured against. An attack run on FedSGD gradients
 and on FedAvg deltas gets a column for each, and so does an attack run on the trained model (a cell whose
 scenario attacks at a round in the second half of training: attack_round >= rounds / 2) beside its round-0
-column. Rows follow leaderboards/ordering.py's stated rule; a row's utility is its loss against the undefended
-row of each scenario that measures utility, with a 95% interval (bench/evaluation/utility_loss.py).
+column. Rows follow leaderboards/ordering.py's stated rule (utility breaks no tie here: a grid row's utility spans
+the models of several scenarios; the track summaries, leaderboards/summary.py, compare one model's); a row's
+utility is its loss against the undefended row of each scenario that measures utility, with a 95% interval
+(bench/evaluation/utility_loss.py).
 """
 from __future__ import annotations
 
@@ -131,11 +133,53 @@ def _cell(recs: list[dict[str, Any]], col: dict[str, Any], cal: dict, schema, hr
     return {"kind": "uncal", "verdict": Verdict("", "no verdict", why), "sort": "", "href": href(recs[0])}
 
 
+def columns_for(records: list[dict[str, Any]]) -> tuple[Callable[[dict[str, Any]], str], list[dict[str, Any]]]:
+    """(record -> its column id, the columns) of a set of scenarios' records."""
+    column_of = _column_of(records)
+    return column_of, _columns(records, column_of)
+
+
+def row_cells(mine: list[dict[str, Any]], d: str, columns: list[dict[str, Any]], column_of, cal: dict, schema,
+              na: dict[str, dict[str, str]], href) -> tuple[list[dict[str, Any]], int, int]:
+    """One row's cells (its records `mine`, its label `d`) under the columns, with (measured, applicable) counts:
+    a column where the defense applies to none of its scenarios is n/a, one where it applies but has no record
+    is "not run"."""
+    cells, measured, applicable = [], 0, 0
+    for col in columns:
+        recs = [r for r in mine if column_of(r) == col["id"]]
+        reasons = [na[s][d] for s in col["scenarios"] if d in na.get(s, {})]
+        if recs:
+            cells.append(_cell(recs, col, cal, schema, href))
+            applicable, measured = applicable + 1, measured + 1
+        elif reasons:
+            cells.append({"kind": "na", "verdict": Verdict("", "n/a", reasons[0]), "sort": ""})
+        else:
+            cells.append({"kind": "missing", "verdict": Verdict("", "not run", "this cell was not computed"),
+                          "sort": ""})
+            applicable += 1
+    for prev, cell in zip(cells, cells[1:]):   # a reason the cell to its left gave is not spelled out again
+        cell["repeat"] = (cell["kind"] in ("na", "blocked", "uncal") and prev["kind"] == cell["kind"]
+                          and prev["verdict"].why == cell["verdict"].why)
+    return cells, measured, applicable
+
+
+def leaking(columns: list[dict[str, Any]], cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the ranking rule (leaderboards/ordering.py) reads of a row: `leaks`, the (family, stage) cells in which
+    its calibrated verdicts leak; `bands`, each such cell's most severe band (1 partly, 2 recovered); `judged`, how
+    many calibrated verdicts it has."""
+    verdicts = [((col["family"], col["stage"]), c["verdict"].level) for col, c in zip(columns, cells)
+                if c["kind"] in ("ok", "blocked") and c["verdict"].level in LEVELS]
+    bands: dict[tuple[str, str], int] = {}
+    for k, level in verdicts:
+        if level in LEAKING:
+            bands[k] = max(bands.get(k, 0), LEAKING[::-1].index(level) + 1)
+    return {"leaks": frozenset(bands), "bands": bands, "judged": len(verdicts)}
+
+
 def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
     """The core grid of one output directory (`name`, linked relative to the front page)."""
     schema = schema_of(records)
-    column_of = _column_of(records)
-    columns = _columns(records, column_of)
+    column_of, columns = columns_for(records)
     scenarios = list(dict.fromkeys(r["scenario"] for r in records))
     cal = {s: calibrate([r for r in records if r["scenario"] == s], attack_label) for s in scenarios}
     flat = {s: useless([r for r in records if r["scenario"] == s], info, s, defense_label) for s in scenarios}
@@ -152,27 +196,9 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
         mine = [r for r in records if defense_label(r) == d]
         if mine and mine[0]["defense"] in untrained:
             continue   # the untrained model is a yardstick of utility, not a defense
-        cells, measured, applicable = [], 0, 0
-        for col in columns:
-            recs = [r for r in mine if column_of(r) == col["id"]]
-            reasons = [na[s][d] for s in col["scenarios"] if d in na.get(s, {})]
-            if recs:
-                cells.append(_cell(recs, col, cal, schema, href))
-                applicable, measured = applicable + 1, measured + 1
-            elif reasons:
-                cells.append({"kind": "na", "verdict": Verdict("", "n/a", reasons[0]), "sort": ""})
-            else:
-                cells.append({"kind": "missing", "verdict": Verdict("", "not run", "this cell was not computed"),
-                              "sort": ""})
-                applicable += 1
-        for prev, cell in zip(cells, cells[1:]):   # a reason the cell to its left gave is not spelled out again
-            cell["repeat"] = (cell["kind"] in ("na", "blocked", "uncal") and prev["kind"] == cell["kind"]
-                              and prev["verdict"].why == cell["verdict"].why)
+        cells, measured, applicable = row_cells(mine, d, columns, column_of, cal, schema, na, href)
         no_util = "; ".join(f"{s}: {flat[s][d]}" for s in scenarios if d in flat[s])
         utility = _utility([r for r in mine if r["scenario"] in judged], records, href)
-        verdicts = [(col["family"], c["verdict"].level) for col, c in zip(columns, cells)
-                    if c["kind"] in ("ok", "blocked") and c["verdict"].level in LEVELS]
-        leaked = [f for f, level in verdicts if level in LEAKING]
         rows.append({"name": d, "defense": mine[0]["defense"] if mine else d,
                      "sources": sources(mine[0], "defense") if mine else {},
                      "cells": cells, "measured": measured, "applicable": applicable, "no_utility": no_util,
@@ -180,9 +206,9 @@ def grid(name: str, records: list[dict[str, Any]], info: dict[str, Any]) -> dict
                                        if r["details"].get("key_topology")), ""),
                      "verdict": worst([c["verdict"] for c in cells if c["kind"] in ("ok", "blocked")])
                      if measured else Verdict("", "n/a" if not applicable else "not run", ""),
-                     "leaks": frozenset(leaked), "judged": len(verdicts),
-                     "share": len(leaked) / len(verdicts) if verdicts else 0.0,
-                     "loss": utility[0]["relative"] if utility else None,
+                     **leaking(columns, cells), "complete": measured == applicable,
+                     "coverage": (measured, applicable), "na": "" if applicable else "applies nowhere",
+                     "loss": None,   # its utility spans several models: no tie is broken by it here
                      "utility": utility, "he": _he(mine, href)})
     rows = order(rows)
     for i, row in enumerate(rows):   # anchors the summary above the grid links to

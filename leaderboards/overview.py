@@ -12,8 +12,10 @@ Utility cost: the largest drop of the scenario's utility metric (accuracy, else 
 the first utility metric with a direction) below the best row of the same scenario, only in scenarios
 that measure utility (bench/evaluation/usefulness.py: the undefended model learns); scenarios with one
 defense (however many of its settings) say nothing, and a diverged training reads "diverged at round r".
-HE cost: the largest homomorphic-encryption time per round (encrypt + aggregate + decrypt) and that
-cell's upload size against the scenario's leanest. Utility and HE cost are read from every record of a
+HE cost: per model, the largest homomorphic-encryption time per round (encrypt + aggregate + decrypt) and
+that cell's upload size against the scenario's leanest: a cost depends on the model it encrypts, so one
+defense's cost on SmolLM2 never stands beside another's on ResNet-18 as if they compared (the track summaries
+give each track's cost on its own model). Utility and HE cost are read from every record of a
 defense; only verdicts need a calibrated attack. The untrained model (page info `untrained`) is a
 yardstick, not a defense: it has no row.
 """
@@ -137,6 +139,7 @@ def _he(records: list[tuple[dict, dict]]) -> dict[tuple, dict[str, Any]]:
         base = lean.get((rec["suite"], rec["scenario"]))
         out.setdefault((rec["suite"], rec["scenario"], defense_label(rec)), {
             "seconds": sum(times), "upload": up if is_number(up) else None,
+            "model": ((rec.get("config") or {}).get("scenario") or {}).get("model") or "?",
             "times": (up / base) if is_number(up) and base else None, **_where(entry, rec)})
     return out
 
@@ -180,14 +183,17 @@ def overview(entries: list[dict[str, Any]]) -> dict[str, Any]:
         labels = sorted({(r["suite"], r["scenario"], defense_label(r)) for _, r in mine + unjudged})   # ties: stable
         mine = mine or unjudged   # a defense measured only by uncalibrated attacks keeps its row (no verdict)
         costs = [utility[k] for k in labels if k in utility]
-        hes = [he[k] for k in labels if k in he]
+        by_model: dict[str, dict[str, Any]] = {}
+        for h in (he[k] for k in labels if k in he and he[k]["seconds"] > 0):   # no HE spent: no HE cost
+            if h["model"] not in by_model or h["seconds"] > by_model[h["model"]]["seconds"]:
+                by_model[h["model"]] = h
         rows.append({
             "name": name, "sources": next((sources(r, "defense") for _, r in mine if sources(r, "defense")), {}),
             "configs": len({defense_label(r) for _, r in mine}), "suites": sorted({e["name"] for e, _ in mine}),
             "topologies": sorted({r["details"].get("key_topology", "") for _, r in mine} - {""}),
             "cells": cells, "verdict": worst([c["verdict"] for c in cells]),
             "utility": max(costs, key=lambda c: c["relative"]) if costs else None,
-            "he": max(hes, key=lambda h: h["seconds"]) if hes else None})
+            "he": [by_model[m] for m in sorted(by_model)]})
     topologies = sorted({t for row in rows for t in row["topologies"]})
     return {"columns": columns, "rows": rows, "topologies": topologies, "levels": LEVELS}
 

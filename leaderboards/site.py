@@ -2,8 +2,9 @@
 results (nothing is rerun) and a front page that is the leaderboard: every defense across every
 suite, the worst case per attack family with its verdict band, utility and HE cost, each cell
 linking to the suite and scenario it comes from (leaderboards/overview.py), then the suite list.
-Above it, from the standard suite: a one-screen summary (leaderboards/summary.py) of the core grid
-(leaderboards/grid.py), and from the sweep suite the privacy-utility frontier (leaderboards/frontier.py).
+Above it, from the standard suite: one summary per track (leaderboards/summary.py), written beside the page as
+summary.json (the same structure, less its presentation), the privacy-utility frontier of each track and of the
+sweep suite (leaderboards/frontier.py), and the core grid over every scenario (leaderboards/grid.py).
 
     leakbench site leaderboards/results [--date YYYY-MM-DD] [--verify N] [--report FILE]
 
@@ -21,21 +22,21 @@ against accidental edits, not a re-check).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable
 
 from bench.protocol.records import verified
 from bench.evaluation.exports import load_pages, load_records
 from bench.evaluation.verification import Checked, counts
-from leaderboards.frontier import frontier
+from leaderboards.frontier import frontier, track_panels
 from leaderboards.grid import grid
 from leaderboards.notes import resolve
-from leaderboards.ordering import RULE
 from leaderboards.overview import overview
 from leaderboards.render import band_rows, env, provenance, render
 from leaderboards.safe import site_href
 from bench.evaluation.schema import described, schema_of
-from leaderboards.summary import summarize
+from leaderboards.summary import as_json, summarize
 
 STANDARD = "core"   # the suite whose grid heads the front page: every defense x every applicable attack
 FRONTIER = "frontier"   # the suite whose sweeps draw the front page's privacy-utility frontier
@@ -132,10 +133,17 @@ def build_site(root: str | Path, current: Info | None = None, generated: str | N
     board = overview(entries)
     standard = _named(entries, STANDARD)
     core = grid(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None
+    summary = summarize(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None
     sweep = _named(entries, FRONTIER)
     html = env().get_template("site.html.j2").render(
-        entries=entries, board=board, core=core, summary=summarize(core) if core else None, rule=RULE,
+        entries=entries, board=board, core=core, summary=summary,
+        tracks=[track_panels(standard["name"], t) for t in summary["tracks"]] if summary else [],
         frontier=frontier(sweep["name"], sweep["records"], sweep["infos"][FRONTIER]) if sweep else None,
         generated=generated, bands=band_rows(), provenance=provenance([r for e in entries for r in e["records"]]))
     (root / "index.html").write_text(html)
+    written = root / "summary.json"
+    if summary:
+        written.write_text(json.dumps(as_json(summary), indent=1, allow_nan=False) + "\n")
+    elif written.is_file():
+        written.unlink()   # no standard suite here: no summary of one survives
     return root / "index.html"

@@ -167,6 +167,13 @@ name = "idlg-extended"
 [[attacks]]
 name = "idlg"
 params = { steps = 1 }
+
+[[tracks]]
+name = "digits"
+setting = "two clients train LeNet-5 on digits for one round: a test's track"
+scenarios = ["digits-tiny"]
+utility = "digits-tiny"
+notes = { dp-fedavg = "user-level DP with two clients a round: noise on the mean as large as the update (a test's row)" }
 """
 DP = "digits-tiny/dp-fedavg(noise_multiplier=0.5)"   # the central DP row of TINY_CORE, as --only and pages label it
 

@@ -79,6 +79,26 @@ def test_imports_go_down_the_layers_and_plugins_stay_apart():
     assert not wrong, "imports against the layers of docs/architecture.md:\n" + "\n".join(sorted(wrong))
 
 
+COMMAND_LINE = ("bench.cli", "bench.__main__")   # above both the harness and the renderer
+
+
+def harness_imports_of_the_renderer(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{source} imports {target}" for source, targets in edges.items()
+                  if source.split(".")[0] == "bench" and source not in COMMAND_LINE
+                  for target in targets if target.split(".")[0] == "leaderboards")
+
+
+def test_the_harness_imports_nothing_from_the_renderer():
+    """bench/, its command line aside, imports nothing from leaderboards/ (lazy imports included): what both read of
+    a record lives in bench/evaluation/, below both, so the harness never runs on the renderer's code."""
+    edges = _imports(_modules())
+    assert not harness_imports_of_the_renderer(edges)
+    # the check can fail: an import of the renderer by the runner is caught, one by the command line is not
+    assert harness_imports_of_the_renderer({"bench.run.runner": {"leaderboards.site"},
+                                            "bench.cli": {"leaderboards.site"}}) == [
+        "bench.run.runner imports leaderboards.site"]
+
+
 def test_no_module_imports_another_in_a_circle():
     edges = _imports(_modules())
     index: dict[str, int] = {}

@@ -329,8 +329,9 @@ def test_every_committed_page_sorts_fits_and_resolves(tmp_path):
     assert counted["pages"] == 1 + len([d for d in COMMITTED.iterdir() if (d / "results.json").is_file()])
 
 
-def core_site(root: Path) -> Path:
-    """A standard-evaluation suite of 15 defense rows beside a reproduction suite: the front page's grid."""
+def core_site(root: Path, tracks: list | None = None) -> Path:
+    """A standard-evaluation suite of 15 defense rows beside a reproduction suite: the front page's grid (with
+    `tracks`, its summary by track)."""
     small_site(root)
     recs = []
     for d in range(15):
@@ -345,7 +346,8 @@ def core_site(root: Path) -> Path:
     from leaderboards.render import render
     render(recs, {"core": {"description": "the standard evaluation", "untrained": [],
                            "chance": {"images": 0.1},
-                           "not_applicable": {"images": {"she-lora": "model 'mlp' trains no LoRA adapters"}}}},
+                           "not_applicable": {"images": {"she-lora": "model 'mlp' trains no LoRA adapters"}},
+                           **({"tracks": tracks} if tracks else {})}},
            root / "core")
     return build_site(root, generated="2026-01-01")
 
@@ -366,7 +368,7 @@ def test_the_core_grid_heads_the_front_page_every_row_visible(tmp_path):
                                       "+ window.scrollY <= document.body.scrollHeight;", rows[-1])
         assert last
         names = [r.find_elements("css selector", "td")[0].text.split("\n")[0] for r in rows]
-        assert names[-1].startswith("defense-07") and names[-2].startswith("she-lora")   # n/a, then no utility last
+        assert names[-2].startswith("defense-07") and names[-1].startswith("she-lora")   # no utility, then n/a last
         text = grid.text
         assert "no verdict" in text and "blocked by design" in text and "of 2" in text
         legend = browser.find_element("id", "legend").text
@@ -379,8 +381,9 @@ def test_the_core_grid_heads_the_front_page_every_row_visible(tmp_path):
 
 
 def test_the_summary_fits_one_screen_and_the_frontier_links_resolve(tmp_path):
-    """At 1400 x 900 the summary above the core grid fits one screen; the frontier's SVG points are links that
-    resolve, beside a table of the same numbers, and the page needs no script for them."""
+    """At 1400 x 900 a track's summary (here the one table of a core suite without tracks) fits one screen; the
+    frontier's SVG points are links that resolve, beside a table of the same numbers, and the page needs no script
+    for them."""
     pytest.importorskip("selenium")
     from test_front_page import frontier_records
 
@@ -394,11 +397,13 @@ def test_the_summary_fits_one_screen_and_the_frontier_links_resolve(tmp_path):
         browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                                 {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False})
         browser.get(front.as_uri())
-        box = browser.execute_script("var r = document.getElementById('core-summary').getBoundingClientRect();"
+        box = browser.execute_script("var r = document.getElementById('track0-table').getBoundingClientRect();"
                                      "return [r.width, r.height];")
         assert box[0] <= 1400 and box[1] <= 900, f"the summary takes {box} px"
-        rows = browser.find_elements("css selector", "#core-summary tbody tr")
-        assert len(rows) == 16 and rows[0].find_element("css selector", "a").get_attribute("href").endswith("#grid-row0")
+        rows = browser.find_elements("css selector", "#track0-table tbody tr[data-row]")
+        assert len(rows) == 16 and rows[0].find_element("css selector", "a").get_attribute("href").endswith(
+            "core/index.html#core--images")
+        assert "no utility" in browser.find_element("id", "track0").text.lower()   # privacy only: it says so
         points = browser.find_elements("css selector", "#frontier svg a")
         assert len(points) == 5 and all(p.get_dom_attribute("href").endswith("frontier/index.html#frontier--images")
                                         for p in points)
@@ -440,3 +445,56 @@ def test_the_sort_oracle_fails_a_page_whose_sorter_is_wrong(mutant, tmp_path, mo
     finally:
         browser.quit()
     assert len([p for p in problems if "rows not sorted" in p]) >= 3, problems
+
+
+# Every frontier panel's label and marker boxes as the browser lays them out, its width and its texts' sizes.
+PANEL_BOXES = """
+return Array.from(document.querySelectorAll('.frontier-panel svg')).map(function (svg) {
+  function box(e) { var r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }
+  return {id: svg.closest('.frontier-panel').id, width: svg.getBoundingClientRect().width,
+          labels: Array.from(svg.querySelectorAll('text.point-label')).map(function (t) {
+            return [t.textContent, box(t)]; }),
+          markers: Array.from(svg.querySelectorAll('.marker')).map(box),
+          sizes: Array.from(svg.querySelectorAll('text')).map(function (t) {
+            return parseFloat(getComputedStyle(t).fontSize); })};
+});
+"""
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_frontier_labels_never_overlap_and_text_is_at_least_12_px(tmp_path):
+    """A crowded track (15 rows, most at no utility loss, 2 dB apart) and the sweep: in Chromium no two point labels'
+    boxes overlap, no label lies over a marker, every text of a panel is at least 12 px and a panel at least 640 px
+    wide."""
+    pytest.importorskip("selenium")
+    from test_front_page import frontier_records
+
+    from leaderboards.render import render
+    root = tmp_path / "site"
+    render(frontier_records(), {"frontier": {"undefended": ["plain"], "untrained": [], "chance": {"images": 0.1}}},
+           root / "frontier")
+    front = core_site(root, tracks=[{"name": "images", "setting": "15 rows on one image scenario",
+                                     "scenarios": ["images"], "utility": "images", "privacy_only": False,
+                                     "central": None, "notes": {}}])
+    browser = _driver(tmp_path)
+    try:
+        browser.get(front.as_uri())
+        panels = browser.execute_script(PANEL_BOXES)
+    finally:
+        browser.quit()
+    assert len(panels) == 2 and sum(len(p["labels"]) for p in panels) > 15   # the track's and the sweep's
+    problems = []
+    for p in panels:
+        labels = p["labels"]
+        for i, (text, box) in enumerate(labels):
+            problems += [f"{p['id']}: label {text} over label {t}" for t, b in labels[i + 1:] if _overlap(box, b)]
+            problems += [f"{p['id']}: label {text} over a marker" for m in p["markers"] if _overlap(box, m)]
+        if min(p["sizes"]) < 12:
+            problems.append(f"{p['id']}: text of {min(p['sizes'])} px")
+        if p["width"] < 640:
+            problems.append(f"{p['id']}: {p['width']} px wide")
+    assert not problems, "\n".join(problems)
+    assert not _overlap([0, 0, 10, 10], [10, 0, 20, 10]) and _overlap([0, 0, 10, 10], [9, 9, 20, 20])   # can fail

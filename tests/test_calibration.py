@@ -118,7 +118,9 @@ def test_the_core_grid_counts_coverage_and_shows_every_symbol():
     core = grid("core", records, info)
     cols = [c["attack"] for c in core["columns"]]
     rows = {r["name"]: r for r in core["rows"]}
-    assert [r["name"] for r in core["rows"]][-1] == "noise"          # no utility: last
+    # noise, 1 of 2 cells computed, is not ranked: it follows the ranked rows, and the row n/a throughout comes last
+    assert [(r["name"], r["rank"]) for r in core["rows"]] == [("he", 1), ("plain", 2), ("noise", None),
+                                                              ("lora-only", None)]
     noise = dict(zip(cols, rows["noise"]["cells"]))
     assert noise["idlg"]["verdict"].text == "image not recovered" and noise["idlg"]["support"] == "2 attacked uploads"
     assert noise["ilrg"]["kind"] == "missing" and rows["noise"]["measured"] == 1 and rows["noise"]["applicable"] == 2

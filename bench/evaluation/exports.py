@@ -85,6 +85,7 @@ def check_pages(path: Path, pages: dict[str, dict[str, Any]], records: list[dict
     bad pages.json is refused in one line (ValueError) before anything is rendered or written."""
     from bench.evaluation.pages import check_figure
     from bench.evaluation.pages import check_paper
+    from bench.evaluation.tracks import check_tracks
 
     for suite, info in pages.items():
         where = f"{path}: suite {suite!r}"
@@ -92,6 +93,10 @@ def check_pages(path: Path, pages: dict[str, dict[str, Any]], records: list[dict
             if not isinstance(info.get(key, ""), str):
                 raise ValueError(f"{where}: {key} is {type(info[key]).__name__}, not text; restore it from git")
         known = known_columns([r for r in records if r["suite"] == suite])
+        try:   # its structure: a run with --only holds records of some of the tracks' scenarios only
+            check_tracks(info.get("tracks"), None)
+        except ValueError as err:
+            raise ValueError(f"{where} {err}; fix it or restore the file from git") from None
         for kind, check in (("figures", check_figure), ("paper", check_paper)):
             specs = info.get(kind, [])
             if not isinstance(specs, list):

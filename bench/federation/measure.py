@@ -40,7 +40,7 @@ def setting(sc: Scenario, data, model: torch.nn.Module | None = None) -> Setting
     state = dict(model.named_parameters()) | dict(model.named_buffers())
     params = {n: state[n].detach() for n in update_names(model)}
     knowledge = server_knowledge(sc, data, model, params, lambda: build_model(sc.model, data, **sc.model_params))
-    return Setting(knowledge, sc.mia_size, sc.mia_aux, sc.labels_known, model, sc.canary)
+    return Setting(knowledge, sc.mia_size, sc.mia_aux, sc.labels_known, model, sc.canary, sc.clients_per_round)
 
 
 def server_view_knowledge(fed: Federation, known: dict[str, torch.Tensor], defense: Defense) -> Knowledge:

@@ -36,6 +36,7 @@ class Setting:
     labels_known: bool        # the scenario grants the attacker the batch's labels
     model: torch.nn.Module    # the scenario's public model as built (read it, never train it)
     canary: str = "none"      # the scenario's canary trials: none, gradient or mislabeled
+    clients_per_round: int | None = None   # the cohort: clients a round (expected, under Poisson sampling)
 
 
 @dataclass

@@ -4,7 +4,8 @@ The extending suite inherits the base's scenarios, defenses and attacks (with th
 and adds its own tables. A defense or attack it adds joins every base scenario, also those whose `defenses` or
 `attacks` list narrows what runs there (by its settings' full labels, so a base row of the same name that a list
 leaves out stays out), unless its own `scenarios` list confines it; a scenario it adds runs what
-its own table says. Its name, description and notes are its own; the base's figures and paper rows come with it.
+its own table says. Its name, description and notes are its own; the base's figures, paper rows and tracks come
+with it (a track of its own may hold the scenarios it adds).
 Cell ids do not name the suite, so the base's stored cells are the extending suite's own: with the base's
 committed records at hand (`--reuse`, added by the CLI where the checkout holds them), only the added cells run.
 """
@@ -53,7 +54,7 @@ def inherit(data: dict[str, Any], where: str,
                     scenario[kind] = [*listed, *(label for label in _labels(table) if label not in listed)]
     out = {k: v for k, v in data.items() if k != "extends"}
     out["scenarios"] = scenarios
-    for key in ("defenses", "attacks", "figures", "paper"):
+    for key in ("defenses", "attacks", "figures", "paper", "tracks"):
         out[key] = list(base.get(key, [])) + list(data.get(key, []))
     if not out.get("description"):
         out["description"] = f"{base.get('description', base_name)} (extended: {data.get('name')})"

@@ -75,3 +75,15 @@ def check_notes(notes: str, cells: list, suite: str, where: str) -> None:
         check_references(notes, pairs, suite)
     except NoteError as err:
         raise SpecError(f"{where}: {err}") from None
+
+
+def check_track_tables(tables: Any, scenarios: list, defenses: list, where: str) -> tuple[dict, ...]:
+    """The suite's [[tracks]] as pages read them (bench/evaluation/tracks.py), refused in one line when a track names
+    an unknown scenario, puts a scenario in two tracks, a utility scenario outside the track, ..."""
+    from bench.evaluation.tracks import check_tracks
+
+    names = {d.name for d in defenses} | {d.label for d in defenses}
+    try:
+        return tuple(check_tracks(tables, [s.name for s in scenarios], names))
+    except ValueError as err:
+        raise SpecError(f"{where} {err}") from None

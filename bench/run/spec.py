@@ -19,7 +19,8 @@ from bench.federation.scenario import Scenario, SpecError, build, check_model_pa
 from bench.protocol.records import config_id, setting_label
 from bench.run.inherit import base_data, inherit
 from bench.run.limits import Limits, check_count, check_depth, check_timeout, read_toml
-from bench.run.mistakes import check_data_fields, check_notes, check_pages, check_unique, known_names
+from bench.run.mistakes import (check_data_fields, check_notes, check_pages, check_track_tables, check_unique,
+                                known_names)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Suite:
     unchecked: tuple[str, ...] = ()       # scenarios the load-time checks skipped (no cell selected by --only)
     extends: str = ""                     # the suite whose evaluation this one joins (bench/run/inherit.py)
     added: tuple[str, ...] = ()           # the defense labels it adds to its base's
+    tracks: tuple[dict, ...] = ()         # its [[tracks]], checked (bench/evaluation/tracks.py)
 
     def page_info(self) -> dict[str, Any]:
         """What a page needs beside the records: the notes, and the facts verdicts are judged against (which rows
@@ -94,7 +96,7 @@ class Suite:
         return {"description": self.description, "notes": self.notes, "figures": list(self.figures),
                 "paper": list(self.paper),
                 "untrained": [n for n, (ref, trains) in role.items() if ref and not trains],
-                "not_applicable": na, "chance": dict(self.chance),
+                "not_applicable": na, "chance": dict(self.chance), "tracks": list(self.tracks),
                 **({"extends": self.extends, "added": list(self.added)} if self.extends else {})}
 
     @property
@@ -247,7 +249,7 @@ def _narrowing(table: dict[str, Any], key: str, components: list[Component], ind
 
 
 TOP_KEYS = ["name", "extends", "description", "notes", "cell_timeout_s", "figures", "paper", "scenarios", "defenses",
-            "attacks"]
+            "attacks", "tracks"]
 SCENARIO_ONLY = ("defenses", "attacks", "defense_params", "cell_timeout_s")   # keys of the table, not the Scenario
 
 
@@ -344,12 +346,13 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
     figures, paper = tuple(data.get("figures", [])), tuple(data.get("paper", []))
     check_pages(figures, paper, known, where)
     check_notes(str(data.get("notes", "")), cells, name, where)
+    tracks = check_track_tables(data.get("tracks"), [s for s, _, _ in scenarios], defenses, where)
     added = ()
     if base is not None:
         inherited = {d.label for d in _components(base["defenses"], "defense", DEFENSES, where, limits.cells)[0]}
         added = tuple(d.label for d in defenses if d.label not in inherited)
     return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures,
-                 paper, extends=str(base["name"]) if base is not None else "", added=added)
+                 paper, extends=str(base["name"]) if base is not None else "", added=added, tracks=tracks)
 
 
 def load_suite(ref: str | Path, limits: Limits | None = None, cell_timeout_s: float | None = None) -> Suite:
