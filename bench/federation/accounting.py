@@ -93,18 +93,26 @@ def readings(history: History, delta: float) -> dict[str, Any]:
     """Epsilon of `history` at `delta` by each accountant: {"rdp", "prv", "epsilon" (the smaller), "headline" (its
     accountant)}; "prv" is left out, with the reason under "prv_error", where Opacus' PRV cannot discretize the
     history (very little noise). 0 for an empty history."""
-    key = tuple((float(z), float(q), int(n)) for z, q, n in history if n > 0)
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    return dict(_readings(key, float(delta)))
+    return dict(_readings(_merged(history), float(delta)))
+
+
+def _merged(history: History) -> tuple:
+    """The history's runs with equal (z, q) added up, in a fixed order: composition does not depend on the order
+    of the releases, and each distinct (z, q) costs both accountants the same work whatever its steps."""
+    steps: dict[tuple[float, float], int] = {}
+    for z, q, n in history:
+        if n > 0:
+            steps[(float(z), float(q))] = steps.get((float(z), float(q)), 0) + int(n)
+    return tuple((z, q, n) for (z, q), n in sorted(steps.items()))
 
 
 @functools.lru_cache(maxsize=256)
 def _readings(history: tuple, delta: float) -> tuple:
     if not history:
         return (("rdp", 0.0), ("prv", 0.0), ("epsilon", 0.0), ("headline", ACCOUNTANT))
-    from opacus.accountants import PRVAccountant, RDPAccountant
-    from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV
+    from opacus.accountants import RDPAccountant
 
     out: dict[str, Any] = {}
     rdp = RDPAccountant()
@@ -113,14 +121,9 @@ def _readings(history: tuple, delta: float) -> tuple:
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         out["rdp"] = float(rdp.get_epsilon(delta=delta))
-        prv = PRVAccountant()
+        prv = _bounded_prv()()
         prv.history = list(history)
         try:
-            points = prv._get_domain(prvs=[PoissonSubsampledGaussianPRV(q, z) for z, q, _ in history],
-                                     num_self_compositions=[n for *_, n in history], eps_error=PRV_EPS_ERROR,
-                                     delta_error=delta / 1000).size   # get_epsilon's own grid, sized first
-            if points > PRV_POINTS:
-                raise ValueError(f"its grid would hold {points:.3g} points (limit {PRV_POINTS:,}): too little noise")
             out["prv"] = float(prv.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
         except (ValueError, RuntimeError, OverflowError) as err:   # its discretization has limits; RDP has none
             out["prv_error"] = f"Opacus' PRV accountant could not compute it: {err}"
@@ -130,6 +133,22 @@ def _readings(history: tuple, delta: float) -> tuple:
     out["headline"] = "prv" if out.get("prv", math.inf) < out["rdp"] else ACCOUNTANT
     out["epsilon"] = out[out["headline"]]
     return tuple(out.items())
+
+
+@functools.cache
+def _bounded_prv() -> type:
+    """Opacus' PRVAccountant that refuses, before allocating it, a grid of more than PRV_POINTS points."""
+    from opacus.accountants import PRVAccountant
+
+    class BoundedPRV(PRVAccountant):
+        def _get_domain(self, *args, **kwargs):
+            domain = super()._get_domain(*args, **kwargs)
+            if domain.size > PRV_POINTS:
+                raise ValueError(f"its grid would hold {domain.size:.3g} points (limit {PRV_POINTS:,}): too "
+                                 "little noise")
+            return domain
+
+    return BoundedPRV
 
 
 def replace_one(history: History, delta: float) -> dict[str, Any]:
@@ -203,7 +222,8 @@ def noise_for_histories(target_epsilon: float, delta: float, histories: list[lis
     DP-SGD steps. Bisection as Opacus' get_noise_multiplier does it, on the largest epsilon of the histories."""
     if not target_epsilon > 0 or not 0 < delta < 1:
         raise ValueError(f"need target_epsilon > 0 and delta in (0, 1); got {target_epsilon}, {delta}")
-    plans = tuple(sorted({tuple(sorted((float(q), int(n)) for q, n in h if n > 0)) for h in histories} - {()}))
+    plans = tuple(sorted({tuple((q, n) for _, q, n in _merged([(1.0, q, n) for q, n in h])) for h in histories}
+                         - {()}))
     if any(not 0 < q <= 1 for plan in plans for q, _ in plan):
         raise ValueError("every sample rate must be in (0, 1]")
     if not plans:
