@@ -145,8 +145,6 @@ def epsilon_metrics():
     from bench.protocol.evidence import metric, run_value
     rows = [("epsilon", True, "privacy"), ("noise_multiplier", None, "privacy"), ("clip", None, "privacy"),
             ("upload_noise_multiplier", None, "privacy")]
-    rows += [(name, True, "privacy") for name in ("epsilon_rdp", "epsilon_prv", "epsilon_replace_one",
-                                                    "epsilon_other_clients")]
     added = [name for name, *_ in rows if name not in METRICS]
     for name, lower, kind in rows:
         if name in added:

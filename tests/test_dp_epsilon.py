@@ -9,7 +9,7 @@ import pytest
 from opacus.accountants import RDPAccountant
 
 import defenses  # noqa: F401  (registers every built-in defense)
-import metrics.run  # noqa: F401  (the run-metric schema: epsilon and its readings)
+import metrics.run  # noqa: F401  (the run-metric schema: epsilon; its readings are declared by the accountant)
 from bench.data.loading import load_dataset
 from bench.federation.accounting import readings, replace_one, report
 from bench.federation.engine import _sample, build_federation, forced, run_federation

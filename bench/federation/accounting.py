@@ -33,12 +33,25 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from bench.protocol.evidence import run_metric
+
 ACCOUNTANT = "rdp"   # the accountant noise is calibrated with
 PRV_EPS_ERROR = 0.01      # PRV's epsilon is its upper bound: the estimate plus at most this discretization error
 PRV_POINTS = 4_000_000    # the most grid points a PRV reading may discretize (memory ~ 100 bytes a point)
 LEVELS = {"user": "one client's whole data", "record": "one record of one client's data"}
 # bisection stops within this fraction of the target epsilon, always on the private side
 RELATIVE_TOLERANCE = 1e-3
+
+
+# `epsilon` itself (the headline) is in metrics/run.py; its readings are declared where they are computed
+for _name, _what in (("epsilon_rdp", "the attacked client's epsilon by Opacus' RDP accountant (add/remove)"),
+                     ("epsilon_prv", "the attacked client's epsilon by Opacus' PRV accountant (add/remove; its upper "
+                                     "bound)"),
+                     ("epsilon_replace_one", "the attacked client's epsilon under replace-one adjacency (the clipped "
+                                             "contribution moves by 2 clip); only where no release is subsampled"),
+                     ("epsilon_other_clients", "the most epsilon any client other than the attacked one spent "
+                                               "(add/remove)")):
+    run_metric(_name, "", True, "privacy", _what, fmt="{:.2f}")
 
 
 def cache_file() -> Path:
