@@ -14,8 +14,8 @@ Gaussian noise makes the sum carry std z*C (z*C/W on the estimate), and ledgers
 q = clients_per_round / num_clients. The ledger is the only source of z, and noise
 cannot be drawn for a round it has not accounted.
 
-Whose epsilon: the engine forces the attacked client into the attack round
-(bench/federation/engine.py, `forced`), so its participation there is certain: its own
+Whose epsilon: the engine forces the attacked client into the attack round (its sampler's
+rule is bench.federation.accounting.forced), so its participation there is certain: its own
 ledger counts that round at q = 1 and its other rounds at q, and the row's `epsilon` is
 that client's (59 rounds at q = 0.1 and one at q = 1, z = 1: RDP 8.01, PRV 7.24, where
 every round at q reads 6.33 and 5.58). `epsilon_other_clients` is what every other
@@ -60,8 +60,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from bench.federation.accounting import RdpLedger, noise_for_epsilon, noise_for_histories, report
-from bench.federation.engine import forced
+from bench.federation.accounting import RdpLedger, forced, noise_for_epsilon, noise_for_histories, report
 from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import Defense, Party, running_aggregate
 from bench.protocol.wire import Payload, PlainPart, Upload

@@ -4,6 +4,7 @@ DP-SGD's target met in every attack mode, and canaries refused where DP-SGD's no
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from opacus.accountants import RDPAccountant
@@ -11,8 +12,8 @@ from opacus.accountants import RDPAccountant
 import defenses  # noqa: F401  (registers every built-in defense)
 import metrics.run  # noqa: F401  (the run-metric schema: epsilon; its readings are declared by the accountant)
 from bench.data.loading import load_dataset
-from bench.federation.accounting import readings, replace_one, report
-from bench.federation.engine import _sample, build_federation, forced, run_federation
+from bench.federation.accounting import forced, readings, replace_one, report
+from bench.federation.engine import _sample, build_federation, run_federation
 from bench.federation.measure import setting
 from bench.federation.scenario import Scenario
 from bench.registry import DEFENSES
@@ -100,9 +101,10 @@ def test_dp_fedavg_accounts_the_round_the_engine_forces_the_attacked_client_into
     client's q, q, q. The engine's `forced` is the rule the sampler follows."""
     sc = Scenario(name="forced", dataset="digits", model="mlp-tiny", model_params={"hidden": 8}, num_clients=4, clients_per_round=1, rounds=3,
                   attack_round=1, attack_client=2, max_train=200, max_test=60)
-    fed = build_federation(sc, data)
-    for r in range(sc.rounds):
-        assert set(forced(sc, r)) <= {c.index for c in _sample(fed, r)}
+    for sampling in ("fixed", "poisson"):   # the sampler puts the forced client in, over many draws
+        fed = build_federation(replace(sc, sampling=sampling, rounds=40, attack_round=7), data)
+        for r in range(40):
+            assert set(forced(fed.scenario, r)) <= {c.index for c in _sample(fed, r)}
     assert forced(sc, 1) == (2,) and forced(sc, 0) == forced(sc, 2) == ()
     run = run_federation(sc, data, DPFedAvg(noise_multiplier=1.0, clip=0.1))
     dp = run.details["dp"]

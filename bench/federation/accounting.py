@@ -3,7 +3,7 @@
 A ledger records a mechanism's releases as (noise multiplier, sample rate, steps) runs. User-level DP-FedAvg keeps
 one for the attacked client and one for every other client, stepped once per released aggregate at
 q = sampled clients / total clients, and at q = 1 for the attacked client in the round the engine forces it in
-(bench/federation/engine.py, `forced`): its participation there is certain, not sampled. Record-level DP-SGD keeps
+(`forced`, the rule of bench/federation/engine.py's sampler): its participation there is certain, not sampled. Record-level DP-SGD keeps
 one per client, stepped once per local step with q = batch / the client's data (`step(sample_rate)`). Opacus reads
 a history as Poisson subsampling at each rate; a run that samples a fixed number of clients, or shuffles a
 client's data into fixed batches, is accounted as Poisson sampling at the same rate (`describe` says which).
@@ -100,6 +100,13 @@ class RdpLedger:
 
 
 History = list[tuple[float, float, int]]   # (noise multiplier, sample rate, steps) runs
+
+
+def forced(scenario, round: int) -> tuple[int, ...]:
+    """The clients the engine's sampler puts in `round` whatever its draw (bench/federation/engine.py, `_sample`):
+    the attacked client in the attack round. Their participation there is certain, so a ledger counts that round
+    at q = 1 for them (tests/test_dp_epsilon.py holds the sampler to it)."""
+    return (scenario.attack_client,) if round == scenario.attack_round else ()
 
 
 def readings(history: History, delta: float) -> dict[str, Any]:

@@ -118,26 +118,18 @@ def build_federation(scenario: Scenario, data, defense: Defense | None = None) -
                       np.random.default_rng(scenario.seed), new_model)
 
 
-def forced(scenario: Scenario, round: int) -> tuple[int, ...]:
-    """The clients `_sample` puts in `round` whatever its draw: the attacked client in the attack round. Their
-    participation there is certain, so DP accounting counts that round at q = 1 for them
-    (bench/federation/accounting.py)."""
-    return (scenario.attack_client,) if round == scenario.attack_round else ()
-
-
 def _sample(fed: Federation, round: int) -> list[Client]:
-    """Fixed-size sampling, or Poisson with q = clients_per_round / num_clients (at least one client); the
-    `forced` clients join (Poisson) or take the draw's last place (fixed size)."""
+    """Fixed-size sampling, or Poisson with q = clients_per_round / num_clients (at least one client)."""
     sc = fed.scenario
     if sc.sampling == "poisson":
         hits = np.flatnonzero(fed.rng.random(sc.num_clients) < sc.clients_per_round / sc.num_clients)
         chosen = list(hits) or [int(fed.rng.integers(sc.num_clients))]
-        chosen += [i for i in forced(sc, round) if i not in chosen]
+        if round == sc.attack_round and sc.attack_client not in chosen:
+            chosen.append(sc.attack_client)
         return [fed.clients[i] for i in sorted(chosen)]
     chosen = list(fed.rng.choice(sc.num_clients, size=sc.clients_per_round, replace=False))
-    for i in forced(sc, round):
-        if i not in chosen:
-            chosen[-1] = i
+    if round == sc.attack_round and sc.attack_client not in chosen:
+        chosen[-1] = sc.attack_client
     return [fed.clients[i] for i in sorted(chosen)]
 
 
