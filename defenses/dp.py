@@ -9,12 +9,22 @@ by up to w_k * C, not C/W, so noise calibrated for C/W would be too small (ancho
 pitfall 11c). Under fixed-size sampling W is the number sampled, i.e. the uniform 1/m
 average; under Poisson sampling it is McMahan's fixed-denominator estimator (dividing
 by the realized count would make the denominator itself depend on who took part).
-Gaussian noise makes the sum carry std z*C (z*C/W on the estimate), and an RDP ledger
-(bench.federation.accounting) is stepped once per round with the user-level rate
+Gaussian noise makes the sum carry std z*C (z*C/W on the estimate), and ledgers
+(bench.federation.accounting) are stepped once per round with the user-level rate
 q = clients_per_round / num_clients. The ledger is the only source of z, and noise
-cannot be drawn for a round it has not accounted. The engine forces the attacked client
-into the attack round and never runs an empty Poisson round; the accounting ignores
-both benchmark artefacts.
+cannot be drawn for a round it has not accounted.
+
+Whose epsilon: the engine forces the attacked client into the attack round (its sampler's
+rule is bench.federation.accounting.forced), so its participation there is certain: its own
+ledger counts that round at q = 1 and its other rounds at q, and the row's `epsilon` is
+that client's (59 rounds at q = 0.1 and one at q = 1, z = 1: RDP 8.01, PRV 7.24, where
+every round at q reads 6.33 and 5.58). `epsilon_other_clients` is what every other
+client spends (q every round: forcing one client in only lowers another's chance under
+fixed-size sampling, and leaves it under Poisson). `target_epsilon` calibrates z for the
+attacked client's rounds. Adjacency: user-level add/remove, a client's clipped update
+against none (a zero vector), so the sum moves by at most C; replace-one moves it by 2 C
+(`epsilon_replace_one` where every round is unsubsampled). An empty Poisson round gets one
+client at random; that client's extra chance, (1 - q)^N / N a round, is not accounted.
 
 `dp-fedavg` (central): the aggregation server adds the noise to the aggregate's
 plaintext parts. Positions the inner defense sends as ciphertext cannot be noised by
@@ -55,7 +65,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from bench.federation.accounting import RdpLedger, noise_for_epsilon
+from bench.federation.accounting import RdpLedger, forced, noise_for_epsilon, noise_for_histories, report
 from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import Defense, Party, running_aggregate
 from bench.protocol.wire import Payload, PlainPart, Upload
@@ -117,7 +127,8 @@ class DPFedAvg(Defense):
         self.inner: Defense = inner_cls(**(inner_params or {}))
         self.key_topology = self.inner.key_topology
         self.clip = float(clip)
-        self.ledger: RdpLedger | None = None
+        self.ledger: RdpLedger | None = None     # every client the engine never forces in: q each round
+        self.attacked: RdpLedger | None = None   # the attacked client: q = 1 in the round it is forced in
         self._sampled = 0          # clients in the current round
         self._clipped: dict = {}   # this round's clipped updates by client: (the update given, clipped)
         self._most = 0             # most clients in any round: the weakest per-upload noise
@@ -140,9 +151,12 @@ class DPFedAvg(Defense):
         sc = fed.scenario
         q = sc.clients_per_round / sc.num_clients
         z = self.params["noise_multiplier"]
-        if z is None:
-            z = noise_for_epsilon(self.params["target_epsilon"], sc.delta, q, sc.rounds)
-        self.ledger = RdpLedger(z, q)
+        if z is None:   # planned for the attacked client, the one whose rounds spend most
+            certain = sum(sc.attack_client in forced(sc, r) for r in range(sc.rounds))
+            z = noise_for_epsilon(self.params["target_epsilon"], sc.delta, q, sc.rounds) if q == 1 or not certain \
+                else noise_for_histories(self.params["target_epsilon"], sc.delta, [[(q, sc.rounds - certain),
+                                                                                    (1.0, certain)]])
+        self.ledger, self.attacked = RdpLedger(z, q), RdpLedger(z, q)
         self.inner.setup(fed)
 
     def round_start(self, fed, round: int, clients: list, updates: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -156,7 +170,9 @@ class DPFedAvg(Defense):
         self._sampled = len(clients)
         self._most = max(self._most, len(clients))
         while self.ledger.steps < round + 1:   # this round's release; a copy that joins the run at a later round
-            self.ledger.step()                 # (a malicious server's exchange) accounts the rounds released before
+            r = self.ledger.steps              # (a malicious server's exchange) accounts the rounds released before
+            self.ledger.step()
+            self.attacked.step(1.0 if sc.attack_client in forced(sc, r) else None)
         if self.ledger.steps != round + 1:
             raise RuntimeError(f"dp: round {round} started twice; the ledger accounted {self.ledger.steps} rounds")
         # the inner negotiation sees what will be encoded: clipped (not yet noised) updates, kept for encode
@@ -214,16 +230,23 @@ class DPFedAvg(Defense):
         self.inner.merge(fed, client, global_update)
 
     def run_metrics(self, fed) -> dict[str, Any]:
-        delta = fed.scenario.delta
+        sc = fed.scenario
         z = self.ledger.noise_multiplier
         upload_z = z / math.sqrt(max(self._most, 1)) if self.local_noise else 0.0
-        details = self.ledger.describe(delta, fed.scenario.sampling) | {
-            "noise": "client-side, distributed" if self.local_noise else "central, added after aggregation",
-            "aggregation": f"sum / {fed.scenario.clients_per_round} (clients_per_round)", "inner": self.params["inner"],
-            "target_epsilon": self.params["target_epsilon"]}
-        return dict(self.inner.run_metrics(fed)) | {
-            "epsilon": self.ledger.epsilon(delta), "noise_multiplier": z, "clip": self.clip,
-            "upload_noise_multiplier": upload_z, "dp": details}
+        epsilons, details = report(
+            sc.delta, self.attacked.history, self.ledger.history, level="user",
+            sensitivity="C = clip: a client's clipped update against none (a zero vector); the sum moves by at most C",
+            sampling="Poisson at rate q" if sc.sampling == "poisson"
+            else f"{sc.clients_per_round} of {sc.num_clients} clients a round, accounted as Poisson at rate q",
+            covers="each noised upload and the aggregate" if self.local_noise
+            else "the released aggregate, not the clipped, un-noised upload the server reads")
+        details |= {"attacked_client": fed.clients[sc.attack_client].name, "noise_multiplier": z,
+                    "sample_rate": self.ledger.sample_rate, "steps": self.ledger.steps,
+                    "noise": "client-side, distributed" if self.local_noise else "central, added after aggregation",
+                    "aggregation": f"sum / {sc.clients_per_round} (clients_per_round)", "inner": self.params["inner"],
+                    "target_epsilon": self.params["target_epsilon"]}
+        return dict(self.inner.run_metrics(fed)) | epsilons | {
+            "noise_multiplier": z, "clip": self.clip, "upload_noise_multiplier": upload_z, "dp": details}
 
     # -- noise ---------------------------------------------------------------------------------
     def _z(self, fed) -> float:

@@ -16,10 +16,17 @@ counterfactual attacked batches included (the server saw them). The accountant (
 is a Poisson sample at rate q; the engine runs shuffled batches of a fixed size, each record once per epoch
 (what Opacus' own non-Poisson data loaders do too): the epsilon is the accountant's bound for the Poisson
 mechanism at that rate, the common reading, not a bound proven for shuffling. Adjacency: adding or removing
-one record of one client's data; the epsilon reported is the largest over clients. Client sampling across
-rounds is not amplified (a client's ledger counts its steps whether it took part or not).
-`target_epsilon` calibrates z before training for every client's planned steps: rounds x local_epochs x
-ceil(data / batch) at q, plus the attacked client's FedSGD batches.
+one record of one client's data (record-level, a different unit from DP-FedAvg's client); the row's `epsilon`
+is the attacked client's, `epsilon_other_clients` the most any other client spent. Client sampling across
+rounds is not amplified (a client's ledger counts the steps it ran, and a round it sat out costs nothing).
+`target_epsilon` calibrates z before training for the steps each client runs if it takes part in every round:
+rounds x local_epochs x ceil(data / batch) at q; the attacked client, in the attack round, runs its
+attack_repeats uploads instead: one FedSGD step each (`attack_update = "gradient"`) or local_epochs x
+ceil(batch / batch_size) steps each (`"delta"`), every one counted, so every client stays within the target.
+
+Canary audits: a gradient canary replaces the attacked client's update after training, and one-run canaries are
+added to it, so DP-SGD's noise, inside training, never reaches them: such an audit would read a violation the
+harness made. `applicable` refuses them; a mislabeled canary is a record trained on, and audits DP-SGD as it runs.
 
 Models with BatchNorm are refused: a batch's statistics mix its examples, so an example's gradient is not its
 own (Opacus refuses them too; use GroupNorm).
@@ -32,7 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from bench.federation.accounting import RdpLedger, noise_for_histories
+from bench.federation.accounting import RdpLedger, noise_for_histories, report
 from bench.protocol.aggregation import Aggregation
 from bench.protocol.defense import Defense, Party, running_aggregate
 from bench.protocol.wire import Payload, Upload
@@ -119,6 +126,10 @@ class DPSGD(Defense):
         self.ledgers: dict[str, RdpLedger] = {}
 
     def applicable(self, setting) -> str | None:
+        if setting.canary in ("gradient", "one-run"):
+            return (f"a {setting.canary} canary is put into the update after local training, where DP-SGD's noise "
+                    f"never reaches it: the audit would read a violation the harness made; audit DP-SGD with "
+                    f"canary = \"mislabeled\" (a record it trains on)")
         norms = [type(m).__name__ for m in setting.model.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)
                  and not isinstance(m, torch.nn.modules.instancenorm._InstanceNorm)]
         if norms:
@@ -133,11 +144,20 @@ class DPSGD(Defense):
         self.inner.setup(fed)
 
     def _plan(self, fed, client) -> list[tuple[float, int]]:
-        """The client's steps if it trains every round, and the attacked client's FedSGD batches."""
+        """The steps the client runs if it takes part in every round: its local epochs each round, except that the
+        attacked client runs its attack_repeats uploads of the attack round instead (engine._train): one FedSGD
+        step on the attacked batch each, or local epochs over that batch in batches of batch_size."""
         sc, n = fed.scenario, client.num_samples
-        plan = [(self._rate(fed, client, sc.batch_size), sc.rounds * sc.local_epochs * math.ceil(n / sc.batch_size))]
-        if client.index == sc.attack_client and sc.attack_update == "gradient":
-            plan.append((self._rate(fed, client, sc.attack_batch_size), sc.attack_repeats))
+        attacked = client.index == sc.attack_client
+        per_round = sc.local_epochs * math.ceil(n / sc.batch_size)
+        plan = [(self._rate(fed, client, sc.batch_size), (sc.rounds - attacked) * per_round)]
+        if attacked:
+            batch = min(sc.attack_batch_size, n)
+            if sc.attack_update == "gradient":
+                plan.append((self._rate(fed, client, batch), sc.attack_repeats))
+            else:
+                plan.append((self._rate(fed, client, sc.batch_size),
+                             sc.attack_repeats * sc.local_epochs * math.ceil(batch / sc.batch_size)))
         return plan
 
     @staticmethod
@@ -205,19 +225,24 @@ class DPSGD(Defense):
     def run_metrics(self, fed) -> dict[str, Any]:
         import opacus
 
-        delta = fed.scenario.delta
-        spent = {name: ledger.epsilon(delta) for name, ledger in self.ledgers.items()}
-        worst = max(spent, key=spent.get) if spent else None
-        details = {"accountant": f"opacus {opacus.__version__} rdp, one ledger per client",
-                   "adjacency": "add/remove one record of one client's data (record-level)",
-                   "sampling": f"shuffled batches of {fed.scenario.batch_size} without replacement, each record once "
-                               "per local epoch (as run); accounted as Poisson sampling at q = batch / client data",
-                   "delta": delta, "noise_multiplier": self.z, "clip": self.clip, "clipped": "per example, every step",
-                   "clients": len(spent), "target_epsilon": self.params["target_epsilon"], "inner": self.params["inner"],
-                   "epsilon_median": float(np.median(list(spent.values()))) if spent else 0.0}
+        sc = fed.scenario
+        attacked = fed.clients[sc.attack_client].name
+        spent = {name: ledger.epsilon(sc.delta) for name, ledger in self.ledgers.items()}   # RDP: cheap to rank
+        others = {name: e for name, e in spent.items() if name != attacked}
+        worst = max(others, key=others.get) if others else None
+        epsilons, details = report(
+            sc.delta, self.ledgers[attacked].history if attacked in self.ledgers else [],
+            self.ledgers[worst].history if worst else None, level="record",
+            sensitivity="C = clip: one example's clipped gradient in a step's sum, against none",
+            sampling=f"shuffled batches of {sc.batch_size} without replacement, each record once per local epoch (as "
+                     "run); accounted as Poisson sampling at q = batch / client data",
+            covers="every local step of the client; not what an inner defense derives from the data outside training")
+        details |= {"attacked_client": attacked, "ledgers": f"opacus {opacus.__version__}, one per client",
+                    "noise_multiplier": self.z, "clip": self.clip, "clipped": "per example, every step",
+                    "clients": len(spent), "target_epsilon": self.params["target_epsilon"], "inner": self.params["inner"],
+                    "steps": self.ledgers[attacked].steps if attacked in self.ledgers else 0,
+                    "epsilon_median_rdp": float(np.median(list(spent.values()))) if spent else 0.0}
         if worst is not None:
-            details.update(worst_client=worst, steps=self.ledgers[worst].steps,
-                           history=[list(h) for h in self.ledgers[worst].history])
-        return dict(self.inner.run_metrics(fed)) | {
-            "epsilon": spent[worst] if worst is not None else 0.0, "noise_multiplier": self.z, "clip": self.clip,
-            "upload_noise_multiplier": self.z, "dp": details}
+            details["worst_other_client"] = worst
+        return dict(self.inner.run_metrics(fed)) | epsilons | {
+            "noise_multiplier": self.z, "clip": self.clip, "upload_noise_multiplier": self.z, "dp": details}

@@ -18,7 +18,11 @@ Followed section by section:
   in Lemma 2 / Balle et al.) gives the paper's T-round per-client bound for the noise-zone
   releases only: the Fisher masks M_n sent in the clear during negotiation depend on the
   data and are not covered, and the bound rests on reading eq. 21's |K| factor as a typo.
-  sigma comes from `noise_multiplier` or from `target_epsilon`.
+  sigma comes from `noise_multiplier` or from `target_epsilon`. Adjacency: the paper's, a client's
+  clipped noise-zone vector against none (a zero vector), sensitivity C: user-level add/remove, as
+  DP-FedAvg's rows read. Replacing a client's data moves the clipped vector by 2 C: that reading
+  (`epsilon_replace_one`, z / 2: 34.13 where add/remove reads 13.78 by RDP over 6 rounds at z = 1)
+  is recorded beside it. Every client, the attacked one included, is accounted at q = 1 every round.
 - 4.5 Two servers: the key server alone holds the secret key; clients and the
   aggregation server get public material only. The aggregation server sums ciphertexts
   (eq. 23) and the noise-zone plaintexts (eq. 24), the key server decrypts (eq. 25) and
@@ -39,7 +43,7 @@ import numpy as np
 import torch
 
 from bench.crypto.keys import provision
-from bench.federation.accounting import RdpLedger, noise_for_epsilon
+from bench.federation.accounting import RdpLedger, noise_for_epsilon, report
 from bench.protocol.aggregation import Aggregation, CipherSum
 from bench.protocol.defense import Defense
 from bench.protocol.evidence import run_metric
@@ -173,14 +177,19 @@ class SelectiveShield(Defense):
         out: dict[str, Any] = {"enc_fraction": enc, "pers_fraction": pers, "noise_fraction": noise,
                                "he_params": dict(self.key.params)}
         if self.ledger is not None:
-            out.update(epsilon=self.ledger.epsilon(fed.scenario.delta), noise_multiplier=self.ledger.noise_multiplier,
-                       clip=self.clip, upload_noise_multiplier=self.ledger.noise_multiplier,
-                       dp=self.ledger.describe(fed.scenario.delta, fed.scenario.sampling) | {
-                           "sampling": "none: every round accounted at q = 1 for every client (eq. 22)",
-                           "adjacency": "add/remove one client (user-level, per client's noise-zone upload)",
-                           "covers": "the noise-zone sub-vector of each upload (the aggregation server sees the "
-                                     "encrypted zone as ciphertext); not the Fisher masks sent in the clear nor the "
-                                     "un-noised encrypted-zone sum in the released model"})
+            history = self.ledger.history   # every client's, the attacked one's too: q = 1 every round
+            epsilons, details = report(
+                fed.scenario.delta, history, history, level="user",
+                sensitivity="C = clip: a client's clipped noise-zone vector against none (a zero vector), as eq. 22",
+                sampling="none: every round accounted at q = 1 for every client (eq. 22)",
+                covers="the noise-zone sub-vector of each upload (the aggregation server sees the encrypted zone as "
+                       "ciphertext); not the Fisher masks sent in the clear nor the un-noised encrypted-zone sum in "
+                       "the released model")
+            out.update(epsilons, noise_multiplier=self.ledger.noise_multiplier, clip=self.clip,
+                       upload_noise_multiplier=self.ledger.noise_multiplier,
+                       dp=details | {"attacked_client": fed.clients[fed.scenario.attack_client].name,
+                                     "noise_multiplier": self.ledger.noise_multiplier, "steps": self.ledger.steps,
+                                     "target_epsilon": self.target_epsilon})
         return out
 
 

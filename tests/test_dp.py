@@ -1,4 +1,5 @@
-"""DP-FedAvg: accounting against Opacus computed here, clipping and noise on the wire, parameter checks."""
+"""DP-FedAvg: accounting against Opacus computed here, clipping and noise on the wire, parameter checks. The attacked
+client's epsilon, adjacency, PRV and the other DP defenses' readings: tests/test_dp_epsilon.py."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from opacus.accountants import RDPAccountant
 import bench.federation.accounting as privacy
 import defenses.dp  # noqa: F401  (registers dp-fedavg, dp-fedavg-local)
 from bench.data.loading import load_dataset
-from bench.federation.accounting import RdpLedger, noise_for_epsilon
+from bench.federation.accounting import RdpLedger, noise_for_epsilon, readings
 from bench.federation.engine import build_federation, run_federation
 from bench.federation.scenario import Scenario
 from bench.protocol.defense import Defense
@@ -155,13 +156,22 @@ def epsilon_metrics():
 
 @pytest.mark.parametrize("name", ["dp-fedavg", "dp-fedavg-local"])
 def test_run_accounts_every_round(name, data, scenario, epsilon_metrics):
+    """Every other client: each round at q; the attacked client: its forced attack round (round 0) at q = 1."""
     defense = DEFENSES.get(name)(noise_multiplier=1.0, clip=CLIP)
     run = run_federation(scenario, data, defense)
-    assert defense.ledger.steps == scenario.rounds
+    assert defense.ledger.steps == defense.attacked.steps == scenario.rounds
     assert defense.ledger.history == [(1.0, scenario.clients_per_round / scenario.num_clients, scenario.rounds)]
-    assert run.metrics["epsilon"] == pytest.approx(opacus_epsilon(1.0, 0.5, 3, scenario.delta), rel=1e-12)
+    assert defense.attacked.history == [(1.0, 1.0, 1), (1.0, 0.5, 2)]
+    attacked = RDPAccountant()
+    attacked.history = [(1.0, 1.0, 1), (1.0, 0.5, 2)]
+    assert run.metrics["epsilon_rdp"] == pytest.approx(attacked.get_epsilon(delta=scenario.delta), rel=1e-12)
+    assert run.metrics["epsilon"] == min(run.metrics["epsilon_rdp"], run.metrics["epsilon_prv"])
+    assert run.metrics["epsilon_other_clients"] == readings([(1.0, 0.5, 3)], scenario.delta)["epsilon"]
+    assert run.metrics["epsilon_other_clients"] <= opacus_epsilon(1.0, 0.5, 3, scenario.delta) < \
+        run.metrics["epsilon_rdp"]
     assert run.metrics["noise_multiplier"] == 1.0 and run.metrics["clip"] == CLIP
     assert run.details["dp"]["sample_rate"] == 0.5 and run.details["dp"]["steps"] == 3
+    assert run.details["dp"]["attacked_client"] == "client-0" and run.details["dp"]["level"] == "user"
     assert run.details["key_topology"] == "none"
     from bench.run.cells import _run_metrics
     assert _run_metrics(run.metrics)["epsilon"] == run.metrics["epsilon"]
@@ -256,6 +266,7 @@ def test_poisson_rounds_use_the_fixed_denominator(data, scenario):
     defense = DPFedAvgLocal(noise_multiplier=1.0, clip=CLIP)
     run = run_federation(poisson, data, defense)
     assert defense.ledger.history == [(1.0, 0.5, 4)]
+    assert defense.attacked.history == [(1.0, 1.0, 1), (1.0, 0.5, 3)]   # Poisson too forces it into round 0
     assert run.details["dp"]["sampling"] == "Poisson at rate q"
     assert run.metrics["upload_noise_multiplier"] == pytest.approx(1 / math.sqrt(defense._most))
     fed = build_federation(poisson, data)
@@ -301,11 +312,18 @@ def test_ciphertext_positions_are_noised_by_the_decoder(data, scenario):
 
 
 def test_target_epsilon_is_met_by_the_run(data, scenario, private_cache):
+    """The plan is the attacked client's: one round at q = 1 (forced in) and two at q; calibrated by RDP, so its
+    RDP reading meets the target within the bisection's tolerance, and the headline is at most that."""
     defense = DPFedAvgLocal(target_epsilon=2.0, clip=CLIP)
     run = run_federation(scenario, data, defense)
-    assert run.metrics["noise_multiplier"] == noise_for_epsilon(2.0, scenario.delta, 0.5, scenario.rounds)
-    assert run.metrics["epsilon"] <= 2.0 and run.metrics["epsilon"] == pytest.approx(2.0, rel=0.01)
+    assert run.metrics["noise_multiplier"] > noise_for_epsilon(2.0, scenario.delta, 0.5, scenario.rounds)
+    assert run.metrics["epsilon_rdp"] <= 2.0 and run.metrics["epsilon_rdp"] == pytest.approx(2.0, rel=0.01)
+    assert run.metrics["epsilon"] <= run.metrics["epsilon_rdp"]
+    assert run.metrics["epsilon_other_clients"] < 2.0 * 0.9   # the sampled-only clients spend less
     assert run.details["dp"]["target_epsilon"] == 2.0
+    everyone = DPFedAvgLocal(target_epsilon=2.0, clip=CLIP)   # every client every round: q = 1, nothing forced
+    full = run_federation(replace(scenario, clients_per_round=4), data, everyone)
+    assert full.metrics["noise_multiplier"] == noise_for_epsilon(2.0, scenario.delta, 1.0, scenario.rounds)
 
 
 # --------------------------------------------------------------------------- composition with every defense

@@ -106,7 +106,10 @@ def test_epsilon_is_opacus_over_the_steps_each_client_ran(data):
         assert defense.ledgers[client.name].steps == steps
         assert defense.ledgers[client.name].epsilon(sc.delta) == pytest.approx(expected, rel=1e-12)
         per_client.append(expected)
-    assert run.metrics["epsilon"] == pytest.approx(max(per_client), rel=1e-12)
+    # the row's epsilon is the attacked client's (client 0, fewer steps here), the other's beside it
+    assert run.metrics["epsilon_rdp"] == pytest.approx(per_client[sc.attack_client], rel=1e-12)
+    assert run.metrics["epsilon"] <= run.metrics["epsilon_rdp"] < max(per_client)
+    assert run.metrics["epsilon_other_clients"] <= max(per_client) == pytest.approx(per_client[1], rel=1e-12)
     assert run.details["dp"]["delta"] == sc.delta and "record" in run.details["dp"]["adjacency"]
     assert run.details["differentially_private"] is True
 
@@ -114,8 +117,10 @@ def test_epsilon_is_opacus_over_the_steps_each_client_ran(data):
 def test_target_epsilon_is_met(data, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     sc = scenario()
-    run = run_federation(sc, data, DPSGD(target_epsilon=4.0, clip=CLIP))
-    assert 4.0 * 0.99 <= run.metrics["epsilon"] <= 4.0
+    defense = DPSGD(target_epsilon=4.0, clip=CLIP)
+    run = run_federation(sc, data, defense)
+    assert 4.0 * 0.99 <= max(ledger.epsilon(sc.delta) for ledger in defense.ledgers.values()) <= 4.0
+    assert run.metrics["epsilon"] <= run.metrics["epsilon_rdp"] <= 4.0
 
 
 def test_a_fedsgd_upload_is_one_noisy_clipped_step(data):

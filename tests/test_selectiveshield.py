@@ -76,7 +76,8 @@ def test_epsilon_is_the_papers_t_round_rdp_bound(data):
     acc = RDPAccountant()
     for _ in range(3):
         acc.step(noise_multiplier=2.0, sample_rate=1.0)
-    assert run.metrics["epsilon"] == pytest.approx(acc.get_epsilon(delta=sc.delta))
+    assert run.metrics["epsilon_rdp"] == pytest.approx(acc.get_epsilon(delta=sc.delta))
+    assert run.metrics["epsilon"] == min(run.metrics["epsilon_rdp"], run.metrics["epsilon_prv"])
     assert defense.ledger.steps == 3
 
 

@@ -55,28 +55,26 @@ def dp_sigma(epsilon: float, delta: float) -> float:
     return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
-def dp_accounting(epsilon: float, delta: float, clip: float) -> dict:
-    """Algorithm 2's guarantee for the one sensitivity vector each client sends, by two accountants: the paper's
-    Gaussian mechanism (Dwork & Roth 2014, Thm A.1: sigma = sqrt(2 ln(1.25/delta)) / epsilon gives (epsilon,
-    delta) for l2 sensitivity G, proven for epsilon < 1) and Opacus' RDP accountant for one release at the same
-    sigma (valid at every epsilon). `epsilon` is the smaller valid bound. Sensitivity G is Algorithm 2's reading;
-    between two datasets of one client the clipped vector can move by 2G, at half the noise multiplier."""
-    from bench.federation.accounting import RdpLedger
+def dp_accounting(epsilon: float, delta: float, clip: float, attacked: str) -> dict:
+    """Algorithm 2's guarantee for the one sensitivity vector each client sends, the attacked client's as every
+    other's: the paper's Gaussian mechanism (Dwork & Roth 2014, Thm A.1: sigma = sqrt(2 ln(1.25/delta)) / epsilon
+    gives (epsilon, delta) for l2 sensitivity G, proven for epsilon < 1) and Opacus' RDP and PRV accountants for
+    one release at the same sigma (valid at every epsilon); `epsilon` is the smallest valid bound. Adjacency: the
+    paper's, a client's clipped vector against none (sensitivity G, user-level add/remove); replacing a client's
+    data moves it by 2 G (`epsilon_replace_one`: the accountants at sigma / 2, the closed form at 2 epsilon where
+    that is below 1)."""
+    from bench.federation.accounting import report
 
     sigma = dp_sigma(epsilon, delta)
-    spent = {}
-    for name, multiplier in (("rdp", sigma), ("replace_one", sigma / 2)):
-        ledger = RdpLedger(multiplier, 1.0)
-        ledger.step()
-        spent[name] = ledger.epsilon(delta)
-    bound = min(spent["rdp"], epsilon) if epsilon < 1 else spent["rdp"]
-    return {"epsilon": bound, "dp": ledger.describe(delta, "fixed") | {
-        "accountant": "Gaussian mechanism (Dwork & Roth Thm A.1, valid for epsilon < 1) and opacus rdp, the smaller",
-        "sampling": "none: one release per client at setup", "adjacency": "the client's clipped sensitivity vector "
-        "within l2 distance G (Algorithm 2)", "noise_multiplier": sigma, "steps": 1, "delta": delta, "clip": clip,
-        "covers": "the sensitivity vector each client sends for clustering; model updates are not noised",
-        "epsilon_gaussian_mechanism": epsilon, "epsilon_rdp": spent["rdp"],
-        "epsilon_replace_one_rdp": spent["replace_one"]}}
+    closed = {"gaussian_mechanism": (epsilon if epsilon < 1 else math.inf, 2 * epsilon if 2 * epsilon < 1
+                                     else math.inf)}
+    epsilons, details = report(
+        delta, [(sigma, 1.0, 1)], [(sigma, 1.0, 1)], level="user",
+        sensitivity="G = dp_clip: a client's clipped sensitivity vector against none (Algorithm 2)",
+        sampling="none: one release per client at setup", bounds=closed,
+        covers="the sensitivity vector each client sends for clustering; model updates are not noised")
+    return epsilons | {"dp": details | {"attacked_client": attacked, "noise_multiplier": sigma, "steps": 1,
+                                        "clip": clip, "epsilon_nominal": epsilon}}
 
 
 def dp_noise(gamma: np.ndarray, epsilon: float, delta: float, clip: float, rng: np.random.Generator) -> np.ndarray:

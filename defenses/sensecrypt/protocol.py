@@ -229,7 +229,8 @@ class SenseCrypt(Defense):
         out["single_upload_aggregates"] = sum(u["uploads"] == 1 for u in self.unions)
         out["cluster_count"] = len(set(self.labels))
         if self.opt["dp_epsilon"] is not None:
-            out.update(dp_accounting(self.opt["dp_epsilon"], self.opt["dp_delta"], self.opt["dp_clip"]))
+            out.update(dp_accounting(self.opt["dp_epsilon"], self.opt["dp_delta"], self.opt["dp_clip"],
+                                     fed.clients[fed.scenario.attack_client].name))
         flags = [m["feasible"] for m in self.masks]
         if flags:
             out["mask_feasible_fraction"] = float(np.mean(flags))
