@@ -245,6 +245,14 @@ def _leaderboard(args) -> int:
     return 0
 
 
+def _pages():
+    """What verify needs of the renderer (bench/verify_cli.py Pages): a suite's page info, a scenario's ranks."""
+    from bench.verify_cli import Pages
+    from leaderboards.site import page_info
+    from leaderboards.tables import ranks
+    return Pages(page_info, ranks)
+
+
 def _site(args) -> int:
     from bench.evaluation.verification import load_report
     from bench.verify_cli import outcome_line, verified
@@ -267,7 +275,7 @@ def _site(args) -> int:
         checked = load_report(path, {d.name: records for d, records in loaded})
         verifications[next(d for d, _ in loaded if d.name == checked.folder)] = checked
     for directory, records in (loaded if args.verify is not None else []):
-        report = verified(directory, records, builtin_page_info, say, args.data_root, args.verify,
+        report = verified(directory, records, builtin_page_info, _pages(), say, args.data_root, args.verify,
                           lambda o, d=directory: say(f"{d.name}: {outcome_line(o)}"))
         verifications[directory] = report.checked(directory.name)
     for directory, checked in verifications.items():
@@ -356,7 +364,7 @@ def _main(argv: list[str] | None) -> int:
             return _compare(args)
         if args.command == "verify":
             from bench.verify_cli import verify_command
-            return verify_command(args, builtin_page_info, say)
+            return verify_command(args, builtin_page_info, _pages(), say)
         return _leaderboard(args)
     except Exception as err:
         if not isinstance(err, _user_errors()):

@@ -1,16 +1,27 @@
 """`leakbench verify DIR` and `leakbench site --verify N` on the command line: the cells a folder's pages decide with
 (bench/evaluation/deciding.py, from the page info the site reads), the plan stated before anything runs, each
-outcome as it is known, each scenario's ranks kept (leaderboards/tables.py), and the report written for `site
---report FILE`. The recomputation and its tolerances are bench/run/verify.py's.
+outcome as it is known, each scenario's ranks kept, and the report written for `site --report FILE`. The
+recomputation and its tolerances are bench/run/verify.py's; what a page shows (its page info, a scenario table's
+ranks) comes in from bench/cli.py as `Pages`, so nothing here imports the renderer.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 Say = Callable[[str], None]   # bench/cli.py's say: a line on stdout
 Info = Callable[[str], "dict[str, Any] | None"]   # a built-in suite's current page info (bench/cli.py)
+
+
+@dataclass(frozen=True)
+class Pages:
+    """What the renderer says of a folder's pages: a suite's page info (leaderboards/site.py page_info) and a
+    scenario's row ranks (leaderboards/tables.py ranks)."""
+
+    page_info: Callable[[str, Path, Info], "dict[str, Any] | None"]
+    ranks: Callable[[list, "dict[str, Any] | None"], Any]
 
 
 def outcome_line(o) -> str:
@@ -20,24 +31,22 @@ def outcome_line(o) -> str:
     return f"{o.state:11s} {o.label}: {o.why}"
 
 
-def verified(directory: Path, records: list, current: Info, say: Say, data_root: str | None, sample: int | None,
-             progress, only: str | None = None, seed: int = 0, tolerance=None, force: bool = False,
+def verified(directory: Path, records: list, current: Info, pages: Pages, say: Say, data_root: str | None,
+             sample: int | None, progress, only: str | None = None, seed: int = 0, tolerance=None, force: bool = False,
              dry_run: bool = False):
     """`leakbench verify` of one folder: the cells its pages' structure says decide something, plus `sample`, with
-    the plan stated before anything runs and each row's ranks kept (leaderboards/tables.py); None for a dry run."""
+    the plan stated before anything runs and each row's ranks kept; None for a dry run."""
     from bench.evaluation.deciding import deciding_cells
     from bench.run.verify import Tolerance, plan, verify
-    from leaderboards.site import page_info
-    from leaderboards.tables import ranks
 
-    infos = {s: page_info(s, directory, current) for s in dict.fromkeys(r["suite"] for r in records)}
+    infos = {s: pages.page_info(s, directory, current) for s in dict.fromkeys(r["suite"] for r in records)}
     chosen = plan(records, deciding_cells(records, infos), sample, only, seed, force)
     say(chosen.summary(str(directory)))
     if dry_run:
         for rec, why in chosen.chosen:
             say(f"{'stale' if rec['cell_id'] in chosen.stale else 'recompute':10s} {_label(rec)}: {why}")
         return None
-    return verify(chosen, data_root, tolerance or Tolerance(), lambda recs: ranks(recs, infos[recs[0]["suite"]]),
+    return verify(chosen, data_root, tolerance or Tolerance(), lambda recs: pages.ranks(recs, infos[recs[0]["suite"]]),
                   progress)
 
 
@@ -46,7 +55,7 @@ def _label(rec) -> str:
     return f"{rec['scenario']}/{defense_label(rec)}/{attack_label(rec)}"
 
 
-def verify_command(args, current: Info, say: Say) -> int:
+def verify_command(args, current: Info, pages: Pages, say: Say) -> int:
     """`leakbench verify DIR`: exit 1 when a cell differs, 0 otherwise (stale cells are said, not counted)."""
     import json
 
@@ -69,7 +78,7 @@ def verify_command(args, current: Info, say: Say) -> int:
                          "verification.json")
     records = load_records(args.dir)
     directory = (Path(args.dir) if Path(args.dir).is_dir() else Path(args.dir).parent).resolve()
-    report = verified(directory, records, current, say, args.data_root, sample, lambda o: say(outcome_line(o)),
+    report = verified(directory, records, current, pages, say, args.data_root, sample, lambda o: say(outcome_line(o)),
                       args.only, args.seed, tolerance, args.force, args.dry_run)
     if report is None:
         return 0
