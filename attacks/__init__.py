@@ -1,6 +1,6 @@
 """Built-in attacks, one package per family: every module here registers what it defines (bench.registry
 discovers them). dager/ (text from transformer gradients), gradient/ (DLG, iDLG, Inverting Gradients, SPEAR),
-labels/ (iLRG, the label baselines, negotiation maps), mia/ (membership), audit/ (canary audits, trials or one run),
+labels/ (iLRG, LLG+, the label baselines, negotiation maps), mia/ (membership), audit/ (canary audits, trials or one run),
 server/ (a malicious server that modifies the model it sends).
 
 The flat module paths of the previous release (attacks.dager_span, attacks.ilrg, ...) still import, with a

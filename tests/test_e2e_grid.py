@@ -45,6 +45,8 @@ IMAGE_ATTACKS = [
     ("ilrg", {}),
     ("ilrg-guarded", {}),
     ("idlg-extended", {}),
+    ("llg-plus", {"repeats": 1}),
+    ("llg-plus-entries", {"repeats": 1}),
     ("random-guess", {}),
     ("no-attack", {}),
     ("mia-loss", {}),
