@@ -219,3 +219,16 @@ def test_the_untrained_row_is_the_perplexity_yardstick_and_never_judged():
                rec("mask", "mia-ref", scenario="lm", perplexity=290.0)]
     out = useless(records, {"undefended": ["plain"], "untrained": ["base"]}, "lm", lambda r: r["defense"])
     assert out == {"mask": "perplexity 290 no better than the untrained model's 280"}
+
+
+def test_an_attack_no_better_than_the_chance_floor_on_the_undefended_row_gives_no_verdict():
+    """A label accuracy above the band's cut but not above random guessing's interval breaks nothing; beyond the
+    floor's interval it does."""
+    floor = rec("plain", "random-guess", label_acc=0.5)
+    floor["details"]["label_acc_ci95"] = [0.45, 0.56]
+    records = [floor, rec("plain", "llg-plus", label_acc=0.55), rec("plain", "llg-plus-entries", label_acc=0.86)]
+    cal = calibrate(records, attack_label)
+    assert not cal["llg-plus"].ok
+    assert cal["llg-plus"].why == "on plain it is no better than chance (label_acc 0.55 against random-guess's 0.5 " \
+                                  "[0.45, 0.56])"
+    assert cal["llg-plus-entries"].ok

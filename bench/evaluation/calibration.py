@@ -9,7 +9,10 @@ signal") on the undefended row of that scenario. Which rows are undefended each 
 Defense.undefended, stored when the cell was computed and sealed with it), so nothing here names a defense and
 no page info can move the yardstick. Otherwise the attack's cells read "no verdict" with the undefended row's
 value as the reason. Calibration fails closed: where the records cannot say which row is undefended (records
-from before they stored it) or the scenario has none, the attack gives no verdict.
+from before they stored it) or the scenario has none, the attack gives no verdict. Nor does an attack that breaks
+the undefended row no better than chance: where the scenario ran a reference floor (random guessing) on that row,
+the attack's value of every banded metric the two share must beat the floor's beyond the floor's 95% interval
+(a label accuracy of 0.58 at B = 8 reads "partly recovered" by its band, yet guessing 8 classes blind reads 0.59).
 """
 from __future__ import annotations
 
@@ -64,13 +67,37 @@ def calibrate(records: list[dict[str, Any]], label: Callable[[dict[str, Any]], s
             continue
         verdict = worst([record_verdict(r, schema) for r in ran])
         who = defense_label(ran[0])
-        if verdict.level in BREAKS:
+        floor = _no_better_than_chance(ran, [r for r in records if family(r) == "reference" and undefended(r)
+                                             and r["status"] == "ok"], schema)
+        if verdict.level in BREAKS and floor:
+            out[att] = Calibration(False, f"on {who} it is no better than chance ({floor})")
+        elif verdict.level in BREAKS:
             out[att] = Calibration(True, f"{who}: {verdict.text} ({verdict.why})")
         elif verdict.level:
             out[att] = Calibration(False, f"the attack fails without a defense here ({who} {verdict.why})")
         else:
             out[att] = Calibration(False, f"its result on {who} has no verdict band")
     return out
+
+
+def _no_better_than_chance(ran: list[dict[str, Any]], floors: list[dict[str, Any]], schema) -> str:
+    """Where the undefended row's cells of an attack do not beat a reference floor's cells of the same row beyond
+    the floor's interval, on a banded metric both report: the comparison in words; "" where they beat it."""
+    for rec in ran:
+        for ref in (f for f in floors if defense_label(f) == defense_label(rec)):
+            for key in (k for k in rec["metrics"] if k in BANDS and k in schema and k in ref["metrics"]):
+                mine, theirs = rec["metrics"][key], ref["metrics"][key]
+                if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (mine, theirs)):
+                    continue
+                ci = ref["details"].get(f"{key}_ci95")
+                lower = schema[key].lower_is_better   # the defender's side: lower is less leakage
+                if lower is None:
+                    continue
+                edge = (ci[1] if lower else ci[0]) if isinstance(ci, list) and len(ci) == 2 else theirs
+                if (mine <= edge) if lower else (mine >= edge):
+                    bounds = f" [{ci[0]:.3g}, {ci[1]:.3g}]" if isinstance(ci, list) and len(ci) == 2 else ""
+                    return f"{key} {mine:.3g} against {ref['attack']}'s {theirs:.3g}{bounds}"
+    return ""
 
 
 def calibrated(records: list[dict[str, Any]], cal: dict[str, Calibration],
