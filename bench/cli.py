@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import date as day, datetime, timezone
 from pathlib import Path
 
 from bench.catalog import KIND_NAMES
@@ -77,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="first recompute a sample of N cells of every directory (`leakbench verify`); publish "
                            "only when none differs, and mark each page 'verified: k of n cells recomputed'")
     site.add_argument("--data-root", default=None, help="data root for --verify (default: $LEAKBENCH_DATA)")
+    site.add_argument("--standard", metavar="SUITE", help="the suite heading the front page (default: core)")
     ver = sub.add_parser("verify", help="recompute a sample of a results directory's cells from their stored "
                                         "configs and compare every metric: reproduced, differs or stale (exit 1 if "
                                         "any differs)")
@@ -186,7 +188,7 @@ def _run(args) -> int:
         return 0
     store = Store(Path(args.out) / "leakbench.sqlite")
     from bench.run.version import staleness
-    page = write_outputs(store, args.out, staleness(store.records()))
+    page = write_outputs(store, args.out, staleness(store.records()), today())
     store.close()
     say(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.diverged} diverged, "
           f"{summary.failed} failed, "
@@ -229,26 +231,24 @@ def _leaderboard(args) -> int:
         raise FileNotFoundError(f"no results store at {path}; run `leakbench run SUITE --out {args.out}` first")
     store = Store(path)
     from bench.run.version import staleness
-    say(f"leaderboard: {write_outputs(store, args.out, staleness(store.records()))}")
+    say(f"leaderboard: {write_outputs(store, args.out, staleness(store.records()), today())}")
     store.close()
     return 0
 
 
 def _site(args) -> int:
     from bench.run.version import staleness
-    from leaderboards.site import build_site, check_folders
-
-    import datetime
+    from leaderboards.site import STANDARD, build_site, check_folders
 
     if args.date is not None:
         try:
-            datetime.date.fromisoformat(args.date)
+            day.fromisoformat(args.date)
         except ValueError:
             raise ValueError(f"--date '{args.date}': expected YYYY-MM-DD, e.g. 2026-01-31") from None
     if args.verify is not None and args.verify < 1:
         raise ValueError(f"--verify {args.verify}: expected a number of cells >= 1")
-    date = args.date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    loaded = check_folders(args.root, builtin_page_info)
+    date = args.date or today()
+    loaded = check_folders(args.root, builtin_page_info, args.standard)
     verifications = {}
     if args.verify is not None:
         from bench.run.verify import verify
@@ -261,8 +261,14 @@ def _site(args) -> int:
                       "cell(s) differ from what it stores; nothing was published", file=sys.stderr)
                 return report.exit_code
             verifications[directory] = report.marks()
-    say(f"site: {build_site(args.root, builtin_page_info, date, staleness, loaded, verifications)}")
+    front = build_site(args.root, builtin_page_info, date, staleness, loaded, verifications, args.standard or STANDARD)
+    say(f"site: {front}")
     return 0
+
+
+def today() -> str:
+    """The generation date a page prints: today, UTC (YYYY-MM-DD)."""
+    return datetime.now(timezone.utc).date().isoformat()
 
 
 def _outcome(o) -> str:
