@@ -49,10 +49,10 @@ LEAKING = ("partial", "leak")   # the verdict levels at which a family leaks
 SUBJECT = {IMAGE: "image", TEXT: "text", MEMBERSHIP: "membership", LABELS: "label"}
 RANK_RULE = ("Ranked by the verdicts, never by a value inside a verdict band: a row ranks above every row whose "
              "leaking families (image, text, membership, labels: a worst case read as recovered or partly "
-             "recovered, exposed or a signal) strictly include its own, and above a row leaking in the same families whose band is worse in one "
-             "family and better in none; rows that neither relation orders share a rank (rank = 1 + the rows "
-             "above it). A row without utility ranks below every useful row; a row with an attack failed, "
-             "diverged or not run, or without any verdict, is listed last, unranked.")
+             "recovered, exposed or a signal) strictly include its own, and above a row leaking in the same "
+             "families whose band is worse in one family and better in none; rows that neither relation orders "
+             "share a rank (rank = 1 + the rows above it). A row without utility ranks below every useful row; a "
+             "row with an attack failed, diverged or not run, or without any verdict, is listed last, unranked.")
 
 
 _OK = Calibration(True, "")
@@ -200,7 +200,7 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
     run = next((r for r in mine if r["status"] == "ok"), next((r for r in mine if r["metrics"]), mine[0]))
     cells: list[dict[str, Any]] = []
     judged: list = []   # the verdict bands of every strongest-column value of every attack that ran
-    by_family: dict[str, list] = {}   # the same per attack family, and "blocked" where an attack was blocked
+    by_family: dict[str, list] = {}   # the same per family they speak of, BLOCKED where an attack was blocked
     for g in groups:
         if g.kind == "strongest":
             mine_cells = []

@@ -276,8 +276,9 @@ def test_a_run_without_the_data_root_says_how_many_tests_wanted_it_and_how_to_gi
     test = "tests/test_data_models.py"
     out = []
     for _ in range(2):   # as `make test` runs pytest twice: the second run says the sum
-        done = subprocess.run([sys.executable, "-m", "pytest", test, "-k", "mnist", "-p", "no:cacheprovider"], cwd=ROOT, env=env | {"LEAKBENCH_SKIP_TALLY": str(tally)},
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, "-m", "pytest", test, "-k", "mnist", "-p", "no:cacheprovider"],
+                              cwd=ROOT, env=env | {"LEAKBENCH_SKIP_TALLY": str(tally)}, capture_output=True, text=True,
+                              timeout=600)
         out.append(done.stdout)
     counts = [int(m.group(1)) for m in (re.search(r"(\d+) tests? skipped for want of a data root", o) for o in out)]
     assert counts[0] >= 1 and counts[1] == 2 * counts[0], out
