@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import date as day, datetime, timezone
 from pathlib import Path
 
 from bench.catalog import KIND_NAMES
@@ -81,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="a report of `leakbench verify DIR --report FILE` (made elsewhere) to show on the pages of "
                            "the directory it names; checked against its records (repeatable)")
     site.add_argument("--data-root", default=None, help="data root for --verify (default: $LEAKBENCH_DATA)")
+    site.add_argument("--standard", metavar="SUITE", help="the suite heading the front page (default: core)")
     ver = sub.add_parser("verify", help="recompute the cells that decide what a results directory's pages show "
                                         "(and --sample more) from their stored configs and compare each at its "
                                         "tolerance: reproduced, differs or stale (exit 1 if any differs)")
@@ -197,7 +199,7 @@ def _run(args) -> int:
         return 0
     store = Store(Path(args.out) / "leakbench.sqlite")
     from bench.run.version import staleness
-    page = write_outputs(store, args.out, staleness(store.records()))
+    page = write_outputs(store, args.out, staleness(store.records()), today())
     store.close()
     say(f"suite {suite.name}: {summary.ok} ok, {summary.blocked} blocked, {summary.diverged} diverged, "
           f"{summary.failed} failed, "
@@ -240,7 +242,7 @@ def _leaderboard(args) -> int:
         raise FileNotFoundError(f"no results store at {path}; run `leakbench run SUITE --out {args.out}` first")
     store = Store(path)
     from bench.run.version import staleness
-    say(f"leaderboard: {write_outputs(store, args.out, staleness(store.records()))}")
+    say(f"leaderboard: {write_outputs(store, args.out, staleness(store.records()), today())}")
     store.close()
     return 0
 
@@ -257,19 +259,17 @@ def _site(args) -> int:
     from bench.evaluation.verification import load_report
     from bench.verify_cli import outcome_line, verified
     from bench.run.version import staleness
-    from leaderboards.site import build_site, check_folders
-
-    import datetime
+    from leaderboards.site import STANDARD, build_site, check_folders
 
     if args.date is not None:
         try:
-            datetime.date.fromisoformat(args.date)
+            day.fromisoformat(args.date)
         except ValueError:
             raise ValueError(f"--date '{args.date}': expected YYYY-MM-DD, e.g. 2026-01-31") from None
     if args.verify is not None and args.verify < 0:
         raise ValueError(f"--verify {args.verify}: expected a number of sampled cells >= 0")
-    date = args.date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    loaded = check_folders(args.root, builtin_page_info)
+    date = args.date or today()
+    loaded = check_folders(args.root, builtin_page_info, args.standard)
     verifications = {}
     for path in args.report:   # every report is checked before anything is recomputed or written
         checked = load_report(path, {d.name: records for d, records in loaded})
@@ -283,8 +283,14 @@ def _site(args) -> int:
             print(f"leakbench: {directory.name}: {checked.count('differs')} of {len(checked.outcomes)} recomputed "
                   "cell(s) differ from what it stores; nothing was published", file=sys.stderr)
             return 1
-    say(f"site: {build_site(args.root, builtin_page_info, date, staleness, loaded, verifications)}")
+    front = build_site(args.root, builtin_page_info, date, staleness, loaded, verifications, args.standard or STANDARD)
+    say(f"site: {front}")
     return 0
+
+
+def today() -> str:
+    """The generation date a page prints: today, UTC (YYYY-MM-DD)."""
+    return datetime.now(timezone.utc).date().isoformat()
 
 
 def committed_results(suite: str) -> Path | None:

@@ -228,9 +228,11 @@ def band_rows() -> list[dict[str, Any]]:
     return [{"metric": m, "leak": b.leak, "partial": b.partial, "words": b.words} for m, b in BANDS.items()]
 
 
-def write_outputs(store, out_dir: str | Path, stale: dict[str, list[str]] | None = None) -> Path:
-    """Render every suite in the store."""
-    return render(store.records(), {s: store.suite_info(s) for s in store.suites()}, out_dir, stale=stale)
+def write_outputs(store, out_dir: str | Path, stale: dict[str, list[str]] | None = None,
+                  generated: str | None = None) -> Path:
+    """Render every suite in the store; `generated`: the date the page prints."""
+    return render(store.records(), {s: store.suite_info(s) for s in store.suites()}, out_dir, stale=stale,
+                  generated=generated)
 
 
 def env() -> jinja2.Environment:

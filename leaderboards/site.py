@@ -91,10 +91,11 @@ def checks(records: list[dict[str, Any]], checked: Checked | None) -> dict[str, 
             "date": checked.date if checked else ""}
 
 
-def check_folders(root: str | Path, current: Info | None = None) -> Loaded:
+def check_folders(root: str | Path, current: Info | None = None, standard: str | None = None) -> Loaded:
     """Every suite directory under root with its records, each read and checked (records, pages.json against
     them, their shared metric schema, every reference in every suite's notes) before anything is written: one
-    bad directory is refused in one line (ValueError) and leaves every directory as it was."""
+    bad directory is refused in one line (ValueError) and leaves every directory as it was; so is a `standard`
+    suite (`leakbench site --standard`) that no directory holds."""
     root = Path(root)
     dirs = sorted(d for d in root.iterdir() if (d / "results.json").is_file())
     if not dirs:
@@ -110,6 +111,10 @@ def check_folders(root: str | Path, current: Info | None = None) -> Loaded:
         for suite in dict.fromkeys(r["suite"] for r in records):
             resolve(page_info(suite, d, current).get("notes", ""), [r for r in records if r["suite"] == suite], suite)
         loaded.append((d, records))
+    held = {r["suite"] for _, records in loaded for r in records}
+    if standard is not None and standard not in held:
+        raise ValueError(f"--standard {standard!r}: no folder under {root} holds that suite; name one of "
+                         f"{', '.join(sorted(held))}")
     return loaded
 
 
@@ -121,19 +126,20 @@ def _named(entries: list[dict[str, Any]], suite: str) -> dict[str, Any] | None:
 
 def build_site(root: str | Path, current: Info | None = None, generated: str | None = None,
                stale: Stale | None = None, loaded: Loaded | None = None,
-               verifications: dict[Path, Checked] | None = None) -> Path:
+               verifications: dict[Path, Checked] | None = None, standard: str = STANDARD) -> Path:
     """Re-render every suite directory under root and write root/index.html, the front page; `current` gives a
     suite's page info as its definition has it now (the CLI passes the built-in suites'); `generated` is the
     date the pages print; `loaded` what check_folders read (read here when not given); `verifications` what
-    `leakbench verify` re-checked per directory."""
+    `leakbench verify` re-checked per directory; `standard` the suite whose grid and summary head the front
+    page (`make demo` builds the main job's site with the default suite there)."""
     root = Path(root)
     loaded = check_folders(root, current) if loaded is None else loaded
     verifications = verifications or {}
     entries = [rerender(d, current, generated, records, stale, verifications.get(d)) for d, records in loaded]
     board = overview(entries)
-    standard = _named(entries, STANDARD)
-    core = grid(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None
-    summary = summarize(standard["name"], standard["records"], standard["infos"][STANDARD]) if standard else None
+    head = _named(entries, standard)
+    core = grid(head["name"], head["records"], head["infos"][standard]) if head else None
+    summary = summarize(head["name"], head["records"], head["infos"][standard]) if head else None
     sweep = _named(entries, FRONTIER)
     html = env().get_template("site.html.j2").render(
         entries=entries, board=board, core=core, summary=summary,

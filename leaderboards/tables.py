@@ -9,8 +9,12 @@ case" (every strongest-attack metric), one tab per attack, run-level privacy, ut
   the worst case for the defended client over every attack that ran on that defense. Reference
   attacks (random guessing) are floors, never a worst case. "Blocked" counts as protection only
   when every attack of the families that report the metric was blocked on that defense; one that
-  ran, failed or reported no number keeps the cell from reading as protected. The first strongest
-  column is the ranking key (rank 1 = least leakage; blocked ranks best, failed and missing last).
+  ran, failed or reported no number keeps the cell from reading as protected.
+- Ranks follow the verdicts, never a value inside a verdict band (RANK_RULE): a row ranks above every
+  row whose leaking families (what its worst cases read as recovered or partly: image, text, membership,
+  labels) strictly include its own, or, leaking in the same families, whose band is worse in one family
+  and better in none; two rows that neither relation orders share a rank. The front page orders its rows
+  by the same rule (dominance of leaking families, ties inside a band).
   A rank is relative to this table; the verdict band is not.
 - A blocked, diverged or failed attack is one merged cell; its reason is a footnote, said once per
   table. A diverged group (training became non-finite) is no protection and no error: its privacy
@@ -31,7 +35,8 @@ from bench.evaluation.calibration import Calibration, calibrate
 from bench.evaluation.formats import SELF_UNITS, is_number
 from bench.evaluation.schema import attack_label, defense_label, family, schema_of
 from bench.evaluation.usefulness import useless
-from bench.evaluation.verdicts import BLOCKED, NONE, Verdict, band, worst
+from bench.evaluation.verdicts import (BANDS, BLOCKED, IMAGE, LABELS, LEVELS, MEMBERSHIP, NONE, TEXT, Verdict, band,
+                                      worst)
 
 FAMILY_ORDER = ("image", "text", "membership", "label", "")   # order of the strongest columns
 HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "exact_match", "rouge2", "mia_auroc", "mia_tpr_at_1fpr", "lnacc",
@@ -39,6 +44,15 @@ HEADLINE = ("psnr", "ssim", "lpips", "rouge1", "exact_match", "rouge2", "mia_aur
 LEAD = 4   # rank, defense, verdict, key topology: the columns before the metric columns
 OVERVIEW = 2   # worst-case metrics per attack family on the overview tab (the headline ones, HEADLINE order)
 RUN_TABS = (("privacy", "runpriv", "run-level privacy"), ("utility", "utility", "utility"), ("cost", "cost", "cost"))
+LEAKING = ("partial", "leak")   # the verdict levels at which a family leaks
+# the family a verdict band speaks of (what leaks): labels read by an image attack leak in the label family
+SUBJECT = {IMAGE: "image", TEXT: "text", MEMBERSHIP: "membership", LABELS: "label"}
+RANK_RULE = ("Ranked by the verdicts, never by a value inside a verdict band: a row ranks above every row whose "
+             "leaking families (image, text, membership, labels: a worst case read as recovered or partly "
+             "recovered, exposed or a signal) strictly include its own, and above a row leaking in the same "
+             "families whose band is worse in one family and better in none; rows that neither relation orders "
+             "share a rank (rank = 1 + the rows above it). A row without utility ranks below every useful row; a "
+             "row with an attack failed, diverged or not run, or without any verdict, is listed last, unranked.")
 
 
 _OK = Calibration(True, "")
@@ -100,6 +114,7 @@ def scenario_table(records: list[dict[str, Any]], info: dict[str, Any] | None = 
     utility (bench/evaluation/usefulness.py) follow."""
     info = info or {}
     schema = schema_of(records)
+    privacy_only = (info.get("privacy_only") or {}).get(records[0]["scenario"], "") if records else ""
     cal = calibrate(records, attack_label)
     flat = useless(records, info, records[0]["scenario"], defense_label) if records else {}
     attacks = list(dict.fromkeys(attack_label(r) for r in records))
@@ -146,6 +161,8 @@ def scenario_table(records: list[dict[str, Any]], info: dict[str, Any] | None = 
     present = {k for r in records for k in r["metrics"]}
     run_groups = []
     for kind, tab, title in RUN_TABS:
+        if kind == "utility" and privacy_only:   # declared privacy and cost only: no utility column
+            continue
         cols = [_column(m, tab) for name, m in schema.items()
                 if m.kind == kind and name in present and not _attack_level(m)]
         if cols:
@@ -171,9 +188,9 @@ def scenario_table(records: list[dict[str, Any]], info: dict[str, Any] | None = 
     for g in groups:
         if g.name in cal and not cal[g.name].ok:
             g.nocal = cal[g.name].text
-    return {"groups": all_groups, "rows": rows, "rank_key": strongest.columns[0].header if strongest.columns else "",
+    return {"groups": all_groups, "rows": rows, "rank_rule": RANK_RULE if strongest.columns else "",
             "calibration": [{"attack": a, "ok": c.ok, "why": c.why} for a, c in cal.items()], "no_utility": flat,
-            "tabs": tabs, "default_tab": tabs[0][0], "notes": notes.items(),
+            "tabs": tabs, "default_tab": tabs[0][0], "notes": notes.items(), "privacy_only": privacy_only,
             "dropped": [{"text": t, "attacks": a} for t, a in dropped.items()]}
 
 
@@ -189,6 +206,7 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
     run = next((r for r in mine if r["status"] == "ok"), next((r for r in mine if r["metrics"]), mine[0]))
     cells: list[dict[str, Any]] = []
     judged: list = []   # the verdict bands of every strongest-column value of every attack that ran
+    by_family: dict[str, list] = {}   # the same per family they speak of, BLOCKED where an attack was blocked
     for g in groups:
         if g.kind == "strongest":
             mine_cells = []
@@ -201,8 +219,14 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
                                        "note": notes.add(why), "title": why})
                     continue
                 mine_cells.append(C.strongest_cell(c, schema[c.key], relevant, attack_label, notes))
-                judged += [band(c.key, r["metrics"].get(c.key), c.lower_is_better, r["details"])
-                           for r in relevant if r["status"] == "ok"]
+                subject = SUBJECT.get(BANDS[c.key].words) if c.key in BANDS else None
+                for r in relevant:
+                    verdict = (band(c.key, r["metrics"].get(c.key), c.lower_is_better, r["details"])
+                               if r["status"] == "ok" else BLOCKED if r["status"] == "blocked" else None)
+                    if subject:
+                        by_family.setdefault(subject, []).append(verdict)
+                    if r["status"] == "ok":
+                        judged.append(verdict)
         elif g.kind == "run":
             mine_cells = [C.run_cell(run["metrics"].get(c.key), schema[c.key], notes) for c in g.columns]
         elif (rec := by_attack.get(g.name)) is None:
@@ -224,7 +248,23 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
             "topology": run["details"].get("key_topology", ""),
             "colluders": run["details"].get("decrypts_single_upload", ""), "cells": cells, "records": mine,
             "no_utility": no_utility,
-            "verdict": _verdict([c for c in cells if c["strongest"]], judged)}
+            "verdict": _verdict([c for c in cells if c["strongest"]], judged),
+            "levels": _levels(by_family),
+            "complete": not any(c["cls"] in ("failed", "diverged") or c["text"] == "not run"
+                                for c in cells if c["strongest"])}
+
+
+def _levels(by_family: dict[str, list]) -> dict[str, str]:
+    """Each family's band on the row (what leaks: image, text, membership, labels, whichever attack read it): the
+    most severe band of the worst cases that speak of it, or blocked where every attack that would have measured it
+    was blocked by design; a family without an opinion is left out."""
+    out = {}
+    for fam, verdicts in by_family.items():
+        ran = [v for v in verdicts if v is not BLOCKED]
+        level = worst(ran).level if ran else BLOCKED.level
+        if level in LEVELS:
+            out[fam] = level
+    return out
 
 
 def _verdict(strongest: list[dict[str, Any]], judged: list) -> Verdict:
@@ -240,29 +280,43 @@ def _verdict(strongest: list[dict[str, Any]], judged: list) -> Verdict:
     return verdict
 
 
+def beats(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether row a ranks above row b by the verdicts alone (RANK_RULE): a's leaking families are a strict subset
+    of b's, or they leak in the same families and a's band is at most b's in every family and below it in one
+    (both judged in the same families). Values inside a band never decide."""
+    leaks_a = {f for f, level in a["levels"].items() if level in LEAKING}
+    leaks_b = {f for f, level in b["levels"].items() if level in LEAKING}
+    if leaks_a != leaks_b:
+        return leaks_a < leaks_b
+    if set(a["levels"]) != set(b["levels"]):
+        return False
+    pairs = [(LEVELS.index(a["levels"][f]), LEVELS.index(b["levels"][f])) for f in a["levels"]]
+    return all(x <= y for x, y in pairs) and any(x < y for x, y in pairs)
+
+
+def ranked(row: dict[str, Any]) -> bool:
+    """A row takes a rank when every attack on it gave a result and at least one family has a verdict."""
+    return bool(row["complete"] and row["levels"])
+
+
 def _rank(rows: list[dict[str, Any]], key: Column | None) -> None:
-    """Order rows by the ranking key (least leakage first) and number them; ties share a rank. A row without
-    utility (bench/evaluation/usefulness.py) ranks below every useful row, however little it leaks."""
+    """Number and order the rows by RANK_RULE: rank = 1 + the rows above it (`beats`), a row without utility
+    (bench/evaluation/usefulness.py) below every useful row, rows that take no rank (`ranked`) last. Rows that
+    share a rank keep the suite's order."""
     if key is None:
         for row in rows:
             row["rank"] = ""
         return
-    sign = -1 if key.lower_is_better is False else 1
-
-    def sort_value(row):
-        v = row["cells"][key.index - LEAD]["sort"]  # the strongest group comes first and has no merged cells
-        return (bool(row["no_utility"]), 0, sign * v) if is_number(v) else (bool(row["no_utility"]), 1, 0)
-
-    rows.sort(key=sort_value)
-    previous, rank = None, 0
-    for i, row in enumerate(rows, 1):
-        value = sort_value(row)
-        if value[1] == 1:
+    useful = [r for r in rows if ranked(r) and not r["no_utility"]]
+    for row in rows:
+        if not ranked(row):
             row["rank"] = ""
             continue
-        if value != previous:
-            rank, previous = i, value
-        row["rank"] = rank
+        tier = [r for r in rows if ranked(r) and bool(r["no_utility"]) == bool(row["no_utility"])]
+        above = len(useful) if row["no_utility"] else 0
+        row["rank"] = 1 + above + sum(beats(other, row) for other in tier if other is not row)
+    order = {id(row): i for i, row in enumerate(rows)}
+    rows.sort(key=lambda r: (bool(r["no_utility"]), r["rank"] == "", r["rank"] or 0, order[id(r)]))
 
 
 def clear_not_attacked(records: list[dict[str, Any]]) -> dict[str, list[str]]:

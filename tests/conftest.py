@@ -1,4 +1,6 @@
-"""Shared helpers: tiny inline suites that run in seconds on the embedded digits data."""
+"""Shared helpers: tiny inline suites that run in seconds on the embedded digits data; and, at the end of a run,
+how many tests skipped for want of something the reader can provide (the data root, a browser), with the line
+that provides it."""
 from __future__ import annotations
 
 import json
@@ -207,3 +209,57 @@ def find_record(records: list[dict], label: str) -> dict:
     """The record of scenario/defense/attack as a page labels them, parameters included."""
     from bench.evaluation.schema import attack_label, defense_label
     return next(r for r in records if f"{r['scenario']}/{defense_label(r)}/{attack_label(r)}" == label)
+
+
+# Skips a reader can undo: (what is missing, words that a skip's reason names it by, the line that provides it).
+PROVIDE = (("a data root", ("LEAKBENCH_DATA", "data root"),
+            "LEAKBENCH_DATA=/path/to/data make test   (MNIST, Fashion-MNIST, CIFAR-10, the text sets: "
+            "README, 'Data root')"),
+           ("a browser", ("chromium",), "as root: apt-get install chromium chromium-driver, then make test"))
+TALLY = "LEAKBENCH_SKIP_TALLY"   # a file that sums the counts over the pytest runs of one `make test` (Makefile)
+
+
+def _reason(report) -> str:
+    longrepr = report.longrepr
+    return str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr)
+
+
+def skip_counts(reports) -> dict[str, int]:
+    """How many skipped tests want each thing of PROVIDE, read from their skip reasons."""
+    counts = {what: 0 for what, _, _ in PROVIDE}
+    for report in reports:
+        reason = _reason(report)
+        for what, words, _ in PROVIDE:
+            if any(word in reason for word in words):
+                counts[what] += 1
+                break
+    return counts
+
+
+def skip_lines(counts: dict[str, int], this_run: dict[str, int] | None = None) -> list[str]:
+    """One sentence per thing wanted, with the line that provides it; `this_run` where `counts` add up several runs."""
+    lines = []
+    for what, _, provide in PROVIDE:
+        n = counts.get(what, 0)
+        if n:
+            here = this_run.get(what, 0) if this_run is not None else n
+            part = f" ({here} of them in this run)" if here != n else ""
+            lines.append(f"{n} test{'s' if n != 1 else ''} skipped for want of {what}{part}; to run them: {provide}")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    counts = skip_counts(terminalreporter.stats.get("skipped", []))
+    tally = os.environ.get(TALLY)
+    this_run = None
+    if tally:   # `make test` runs pytest twice: the last run says the sum
+        path = Path(tally)
+        before = json.loads(path.read_text()) if path.is_file() else {}
+        this_run, counts = counts, {k: before.get(k, 0) + v for k, v in counts.items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(counts))
+    lines = skip_lines(counts, this_run)
+    if lines:
+        terminalreporter.section("skipped for want of what you can provide", sep="-", bold=True)
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -16,7 +16,9 @@ import pytest
 from bench.cli import main
 from bench.registry import METRICS
 
-TIMING_DETAILS = ("clustering_s", "round_time", "seconds")   # wall-clock values kept in a record's details
+# wall-clock values kept in a record's details; a Paillier slice's seconds per value (details.paillier_slice.per_value
+# of paillier-full and SenseCrypt with paillier_slice) are keyed by the HE step alone
+TIMING_DETAILS = ("clustering_s", "round_time", "seconds", "he_encrypt", "he_decrypt", "he_aggregate")
 EXECUTION_DETAILS = ("he_clock",)   # how HE time was clocked: worker and thread counts differ between executors
 
 

@@ -2,7 +2,8 @@
 format its metric's schema snapshot gives; a spread (+- std) and an interval in the same unit.
 
 Units come from the records (bench/evaluation/schema.py's Shown), so a column of bytes reads
-"7.55 MB" instead of "7,554,120" and an HE time reads "10.8 ms" instead of "0.0108"."""
+"7.55 MB" instead of "7,554,120" and an HE time reads "10.8 ms" instead of "0.0108"; a value the record stores as
+an integer (a count: clusters, test samples) reads as one, "2" and not "2.000"."""
 from __future__ import annotations
 
 from typing import Any
@@ -65,6 +66,8 @@ def number(value: Any, unit: str = "", fmt: str = "{:.3f}") -> str:
         return human_seconds(value)
     if is_number(value) and abs(value) >= HUGE:
         return f"{value:.3g}"   # a blown-up value (a destroyed model's perplexity) as 3.61e+20, not 21 digits
+    if isinstance(value, int) and not isinstance(value, bool) and fmt.endswith("f}"):
+        return f"{value:,d}" if "," in fmt else f"{value:d}"   # a count stored as a whole number: 2, not 2.000
     try:
         return fmt.format(value)
     except (ValueError, TypeError):

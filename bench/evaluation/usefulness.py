@@ -9,7 +9,8 @@ the page info (`chance`); without the test-set size the accuracy is compared wit
 
 A scenario whose undefended row (as its records say, bench/evaluation/calibration.py) itself has no utility (one
 FedSGD step on a text model, scored on a few test sentences) does not measure utility: nothing there is flagged,
-since it would flag every row alike.
+since it would flag every row alike; nor does a scenario its suite declares privacy and cost only (`privacy_only`
+in its [[scenarios]] table: a model sized for a cost, not to learn the task), whose page shows no utility.
 """
 from __future__ import annotations
 
@@ -61,7 +62,10 @@ def yardsticks(records, info, scenario) -> tuple[float | None, float | None]:
 
 def measures_utility(records: list[dict[str, Any]], info: dict[str, Any], scenario: str,
                      label: Callable[[dict[str, Any]], str]) -> bool:
-    """False when the scenario's undefended row itself has no utility: then it tells no row's utility apart."""
+    """False when the suite declares the scenario privacy and cost only (`privacy_only`), or when its undefended row
+    itself has no utility: then it tells no row's utility apart."""
+    if scenario in (info.get("privacy_only") or {}):
+        return False
     chance, untrained = yardsticks(records, info, scenario)
     plain = [r for r in records if undefended(r) and r["status"] != "diverged"]
     return not (plain and all(no_utility(r, chance, untrained) for r in plain))

@@ -82,6 +82,9 @@ class Suite:
     extends: str = ""                     # the suite whose evaluation this one joins (bench/run/inherit.py)
     added: tuple[str, ...] = ()           # the defense labels it adds to its base's
     tracks: tuple[dict, ...] = ()         # its [[tracks]], checked (bench/evaluation/tracks.py)
+    # (scenario, reason): scenarios that measure privacy and cost only, whose pages show no utility (a scenario
+    # sized for a cost, e.g. an 8-unit MLP for per-entry Paillier, whose model does not learn the task)
+    privacy_only: tuple[tuple[str, str], ...] = ()
 
     def page_info(self) -> dict[str, Any]:
         """What a page needs beside the records: the notes, and the facts verdicts are judged against (which rows
@@ -97,6 +100,7 @@ class Suite:
                 "paper": list(self.paper),
                 "untrained": [n for n, (ref, trains) in role.items() if ref and not trains],
                 "not_applicable": na, "chance": dict(self.chance), "tracks": list(self.tracks),
+                "privacy_only": dict(self.privacy_only),
                 **({"extends": self.extends, "added": list(self.added)} if self.extends else {})}
 
     @property
@@ -250,7 +254,9 @@ def _narrowing(table: dict[str, Any], key: str, components: list[Component], ind
 
 TOP_KEYS = ["name", "extends", "description", "notes", "cell_timeout_s", "figures", "paper", "scenarios", "defenses",
             "attacks", "tracks"]
-SCENARIO_ONLY = ("defenses", "attacks", "defense_params", "cell_timeout_s")   # keys of the table, not the Scenario
+# keys of the table, not the Scenario: they choose or bound its cells, or say how its page reads them, so they are no
+# part of a cell's config or id
+SCENARIO_ONLY = ("defenses", "attacks", "defense_params", "cell_timeout_s", "privacy_only")
 
 
 def _head(data: Any, where: str) -> str:
@@ -314,6 +320,10 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
         check_data_fields(local, scenario.dataset, spot)
         check_unique(scenario.name, i, folded, spot)
         timeout = check_timeout(table.get("cell_timeout_s"), f"{spot}: cell_timeout_s") or default_timeout
+        why = table.get("privacy_only")
+        if why is not None and (not isinstance(why, str) or not why.strip()):
+            raise SpecError(f"{spot}: 'privacy_only' must be text saying why the scenario measures privacy and cost "
+                            f"only (its page then shows no utility), got {why!r}")
         scenarios.append((scenario, table, timeout))
     defenses, d_only = _components(data["defenses"], "defense", DEFENSES, where, limits.cells)
     attacks, a_only = _components(data["attacks"], "attack", ATTACKS, where, limits.cells)
@@ -351,8 +361,11 @@ def parse_suite(data: dict[str, Any], source: str = "", limits: Limits | None = 
     if base is not None:
         inherited = {d.label for d in _components(base["defenses"], "defense", DEFENSES, where, limits.cells)[0]}
         added = tuple(d.label for d in defenses if d.label not in inherited)
+    privacy_only = tuple((sc.name, table["privacy_only"].strip()) for sc, table, _ in scenarios
+                         if table.get("privacy_only"))
     return Suite(name, str(data.get("description", "")), tuple(cells), source, str(data.get("notes", "")), figures,
-                 paper, extends=str(base["name"]) if base is not None else "", added=added, tracks=tracks)
+                 paper, extends=str(base["name"]) if base is not None else "", added=added, tracks=tracks,
+                 privacy_only=privacy_only)
 
 
 def load_suite(ref: str | Path, limits: Limits | None = None, cell_timeout_s: float | None = None) -> Suite:
