@@ -143,7 +143,7 @@ def build_site(root: str | Path, current: Info | None = None, generated: str | N
     sweep = _named(entries, FRONTIER)
     html = env().get_template("site.html.j2").render(
         entries=entries, board=board, core=core, summary=summary,
-        tracks=[track_panels(standard["name"], t) for t in summary["tracks"]] if summary else [],
+        tracks=[track_panels(head["name"], t) for t in summary["tracks"]] if summary else [],
         frontier=frontier(sweep["name"], sweep["records"], sweep["infos"][FRONTIER]) if sweep else None,
         generated=generated, bands=band_rows(), provenance=provenance([r for e in entries for r in e["records"]]))
     (root / "index.html").write_text(html)

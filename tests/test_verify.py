@@ -161,10 +161,13 @@ def test_a_recomputed_cell_that_moves_a_rank_does_not_reproduce(tiny_core):
     info = json.loads((tiny_core / "core" / "pages.json").read_text())["core"]
     stored = find_record(records, f"{DP}/idlg(steps=1)")
     assert ranks(records, info)[defense_label(stored)] == 2
+    within = copy.deepcopy(stored)
+    within["metrics"]["psnr"] = stored["metrics"]["psnr"] + 0.4   # inside its band: rows in one band tie
+    assert _rank(stored, within, records, lambda recs: ranks(recs, info)) == []
     fresh = copy.deepcopy(stored)
-    fresh["metrics"]["psnr"] = 20.4   # within 0.5 dB, but now above the undefended row's 20.0
+    fresh["metrics"]["psnr"] = 35.0   # recovered, where the undefended row reads partly recovered
     moved = _rank(stored, fresh, records, lambda recs: ranks(recs, info))
-    assert {d.what for d in moved} == {f"rank of {defense_label(stored)} in digits-tiny", "rank of plaintext in digits-tiny"}
+    assert f"rank of {defense_label(stored)} in digits-tiny" in {d.what for d in moved}
     assert _rank(stored, copy.deepcopy(stored), records, lambda recs: ranks(recs, info)) == []
 
 
