@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.cli import main
-from bench.protocol.records import DIGEST, seal
+from bench.protocol.records import DIGEST, fingerprint_of, seal
 from bench.run.verify import Tolerance, choose, differences, rebuild
 from tests.conftest import DP, copy_export, find_record
 
@@ -35,14 +35,18 @@ def test_a_genuine_row_reproduces_and_a_resealed_forgery_differs(tiny_core, tmp_
 
 
 def test_a_cell_of_other_code_is_stale_until_forced(tiny_core, tmp_path, capsys):
-    def older(records):
+    def older(records):   # computed by another version of the harness: its hash and the fingerprint over it
         for rec in records:
-            rec["environment"]["fingerprint"] = "0123456789abcdef"
+            rec["environment"]["components"]["harness"] = "0123456789abcdef"
+            rec["environment"]["fingerprint"] = fingerprint_of(rec["environment"]["components"])
             seal(rec)
     folder = copy_export(tiny_core, tmp_path / "old", older)
+    theirs = find_record(json.loads((folder / "results.json").read_text()), f"{DP}/idlg-extended")["environment"][
+        "fingerprint"]
     assert main(["verify", str(folder), "--only", f"{DP}/idlg-extended"]) == 0
     out = capsys.readouterr().out
-    assert "stale       " in out and "recompute with --force or check out the commit of 0123456789abcdef" in out
+    assert "stale       " in out and f"recompute with --force or check out the commit of {theirs}" in out
+    assert "harness differ" in out
     assert "0 reproduced, 0 differ, 1 stale" in out     # the sampled cell is its row's headline cell
     assert main(["verify", str(folder), "--only", f"{DP}/idlg-extended", "--force"]) == 0
     assert "1 reproduced, 0 differ, 0 stale" in capsys.readouterr().out

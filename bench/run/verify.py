@@ -14,8 +14,9 @@ compares every metric with the stored value:
   `Tolerance` (relative RELATIVE, absolute ABSOLUTE by default, per metric on the command line); timing
   metrics are never compared;
 - outcome per cell: reproduced, differs (metric, stored, recomputed) or stale: computed by other code (its
-  fingerprint is not the running code's), so not compared; recompute it with --force or check out the
-  fingerprint's commit. A record whose config today's code cannot rebuild into its cell id is stale too.
+  components are not the running code's, bench/run/version.py), so not compared; recompute it with --force or
+  check out the fingerprint's commit. A record whose config today's code cannot rebuild into its cell id is stale
+  too (--only selects it by its stored names).
 
 The run is the whole row's: every cell of the row in the folder takes part in the federated run (they decide
 what it draws: membership candidates, a malicious server's exchange), only the selected ones are scored, with
@@ -25,6 +26,7 @@ is written to the folder; `leakbench site --verify N` passes what was reproduced
 """
 from __future__ import annotations
 
+import fnmatch
 import math
 import random
 import time
@@ -138,7 +140,7 @@ def headline(records: list[dict[str, Any]]) -> dict[str, Any]:
 def choose(records: list[dict[str, Any]], cells: dict[str, Cell | None], sample: int | None, only: str | None,
            seed: int) -> tuple[list[dict[str, Any]], int]:
     """The records to recompute and how many of them were drawn at random (`sample` None: every selected one)."""
-    pool = [r for r in records if cells[r["cell_id"]] is None or selected(cells[r["cell_id"]], only)]
+    pool = [r for r in records if _selected(r, cells[r["cell_id"]], only)]
     if only and not pool:
         raise ValueError(f"--only {only!r} selects none of the {len(records)} stored cells")
     drawn = pool if sample is None or sample >= len(pool) else random.Random(seed).sample(pool, sample)
@@ -148,6 +150,14 @@ def choose(records: list[dict[str, Any]], cells: dict[str, Cell | None], sample:
         chosen.setdefault(best["cell_id"], best)
     order = {r["cell_id"]: i for i, r in enumerate(records)}
     return sorted(chosen.values(), key=lambda r: order[r["cell_id"]]), len(drawn)
+
+
+def _selected(rec: dict[str, Any], cell: Cell | None, only: str | None) -> bool:
+    """--only on a record: its cell's labels, or, where its config cannot be rebuilt, the stored names."""
+    if cell is not None:
+        return selected(cell, only)
+    names = f"{rec['scenario']}/{rec['defense']}/{rec['attack']}"
+    return not only or (fnmatch.fnmatchcase(names, only) if any(ch in only for ch in "*?[") else only in names)
 
 
 def _row(rec: dict[str, Any]) -> tuple[str, str, str]:
@@ -213,7 +223,8 @@ def verify(records: list[dict[str, Any]], data_root: str | None = None, sample: 
     cell runs."""
     from bench.run.cells import run_group
     from bench.run.preflight import check_suite_data
-    from bench.run.version import cell_components, cell_fingerprint, stale_components
+    from bench.data.loading import resolve_data_root
+    from bench.run.version import moved
 
     started = time.perf_counter()
     cells = {r["cell_id"]: rebuild(r) for r in records}
@@ -237,10 +248,9 @@ def verify(records: list[dict[str, Any]], data_root: str | None = None, sample: 
             if cell is None:
                 tell(Outcome(rec, label, "stale", "its config is of an older schema this code cannot rebuild; check "
                                                   f"out the commit of fingerprint {theirs}"))
-            elif theirs != cell_fingerprint(cell) and not force:
-                moved = stale_components((rec.get("environment") or {}).get("components"), cell_components(cell))
-                tell(Outcome(rec, label, "stale", f"computed by code {theirs} (other {', '.join(moved)}), this code is "
-                                                  f"{cell_fingerprint(cell)}: recompute with --force or check out the "
+            elif not force and (other := moved(rec.get("environment"), resolve_data_root(data_root), absent=False)):
+                tell(Outcome(rec, label, "stale", f"computed by other code (fingerprint {theirs}; {', '.join(other)} "
+                                                  "differ from this code's): recompute with --force or check out the "
                                                   f"commit of {theirs}"))
             else:
                 scored.append(rec)
