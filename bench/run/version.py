@@ -98,9 +98,9 @@ def plugin_sources(dist: Distribution) -> str:
     return digest.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
 def installed_plugins() -> dict[str, str]:
-    """Every distribution with a leakbench entry point -> "VERSION SOURCE-HASH", without importing any."""
+    """Every distribution with a leakbench entry point -> "VERSION SOURCE-HASH", without importing any (read each
+    time: a plugin reinstalled while a process runs is seen)."""
     dists: dict[str, Distribution] = {}
     for group in GROUPS:
         for ep in entry_points(group=group):
@@ -237,18 +237,19 @@ def current_value(key: str, data_root: Path | None = None, root: str = str(ROOT)
 
 
 def outdated(components: dict[str, str], data_root: Path | None = None, absent: bool = True,
-             root: str = str(ROOT)) -> list[str]:
+             root: str = str(ROOT), value=None) -> list[str]:
     """The components whose value today differs from the stored one; a data file this machine lacks counts when
-    `absent` (a run must recompute what it cannot check), else not (a page cannot tell)."""
+    `absent` (a run must recompute what it cannot check), else not (a page cannot tell). `value`: key -> today's
+    value, where a caller keeps them for many records."""
     out = []
-    for key, value in sorted(components.items()):
-        now = current_value(key, data_root, root)
-        if now != value and (now is not None or absent):
+    for key, stored in sorted(components.items()):
+        now = value(key) if value is not None else current_value(key, data_root, root)
+        if now != stored and (now is not None or absent):
             out.append(key)
     return out
 
 
-def moved(env: dict[str, Any] | None, data_root: Path | None = None, absent: bool = True) -> list[str]:
+def moved(env: dict[str, Any] | None, data_root: Path | None = None, absent: bool = True, value=None) -> list[str]:
     """What makes a stored record not the running code's: [OLDER] for a record without component hashes,
     ["fingerprint"] where its fingerprint is not their hash, else the components that differ today (`outdated`)."""
     components = (env or {}).get("components")
@@ -256,7 +257,7 @@ def moved(env: dict[str, Any] | None, data_root: Path | None = None, absent: boo
         return [OLDER]
     if (env or {}).get("fingerprint") != fingerprint_of(components):
         return ["fingerprint"]
-    return outdated(components, data_root, absent)
+    return outdated(components, data_root, absent, value=value)
 
 
 def is_current(env: dict[str, Any] | None, data_root: Path | None = None) -> bool:
@@ -316,7 +317,7 @@ def _where(obj: Any) -> tuple[str, str | None]:
 def clear_caches() -> None:
     """Forget every hash computed in this process (a test that edits a copy of the tree)."""
     from bench.run import closure as closures
-    for cached in (code_fingerprint, installed_plugins, library_versions, harness_modules, harness_hash, entry_hash,
+    for cached in (code_fingerprint, library_versions, harness_modules, harness_hash, entry_hash,
                    _defaults, closures._imports, closures._source):
         cached.cache_clear()
 
@@ -334,6 +335,7 @@ def staleness(records: list[dict[str, Any]], data_root: str | None = None) -> di
         where = resolve_data_root(data_root)
     except DataError:
         where = None
+    value = functools.lru_cache(maxsize=None)(lambda key: current_value(key, where))   # once per key here
     out: dict[str, list[str]] = {}
     for rec in records:
         env = rec.get("environment") or {}
@@ -344,5 +346,5 @@ def staleness(records: list[dict[str, Any]], data_root: str | None = None) -> di
         except (TypeError, ValueError, KeyError):   # another schema's config, or a component no longer registered
             out[rec["cell_id"]] = ["config"]
             continue
-        out[rec["cell_id"]] = moved(env, where, absent=False)
+        out[rec["cell_id"]] = moved(env, where, absent=False, value=value)
     return out
