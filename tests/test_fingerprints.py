@@ -311,3 +311,26 @@ def test_verify_refuses_a_forged_fingerprint_and_an_only_that_selects_nothing(ti
     assert main(["verify", str(folder), "--only", "zzz-nothing"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--only 'zzz-nothing' selects none of the" in err
+
+
+def test_a_definition_reaches_what_it_names_across_modules_and_nothing_beside_it(tmp_path):
+    """bench/run/closure.py on a small package: a function reaches the definitions it names, through a re-export,
+    with each module's import-time statements, and not the definitions beside them."""
+    from bench.run.closure import definitions, definitions_text
+
+    pkg = tmp_path / "defenses"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("import math\n\n\ndef used(x):\n    return math.sqrt(x) + _CONST\n\n\n"
+                                    "_CONST = 2\n\n\ndef unused():\n    return 1\n\n\nREGISTERED = []\n"
+                                    "REGISTERED.append(used)\n")
+    (pkg / "shim.py").write_text("from defenses.helpers import used  # re-exported\n")
+    (pkg / "entry.py").write_text("from defenses import shim\nfrom defenses.shim import used\n\n\n"
+                                  "def entry(x):\n    return used(x)\n\n\ndef other(x):\n    return shim.used(x) * 2\n")
+    reached = definitions(tmp_path, "defenses.entry", "entry", stop=lambda m: False)
+    text = definitions_text(tmp_path, reached).decode()
+    assert "def entry" in text and "def used" in text and "_CONST = 2" in text
+    assert "REGISTERED.append(used)" in text                 # runs at import: every user of the module has it
+    assert "def unused" not in text and "def other" not in text
+    assert definitions(tmp_path, "defenses.entry", "entry", stop=lambda m: m == "defenses.helpers").keys() == \
+        {"defenses", "defenses.entry", "defenses.shim"}   # a stopped module is not entered

@@ -200,10 +200,12 @@ def definitions(root: Path, module: str, name: str | None, stop: Callable[[str],
         if not enter(mod):
             return
         src = _source(root, mod)
-        found = range(len(src.texts)) if symbol is None else src.binds.get(symbol)
-        if found is None:   # not a top-level name (a lambda, an object made at import): the whole module
-            found = range(len(src.texts))
-        todo.extend((mod, i) for i in found)
+        if symbol is None or symbol not in src.binds:   # the module itself, or an object made at import: all of it
+            todo.extend((mod, i) for i in range(len(src.texts)))
+            return
+        todo.extend((mod, i) for i in src.binds[symbol])
+        if symbol in src.imports:   # a name the module imports (a re-export): the definition it names
+            resolve(mod, symbol, {})
 
     def resolve(mod: str, dotted: str, own: dict[str, str]) -> None:
         head, *rest = dotted.split(".")
