@@ -116,3 +116,14 @@ def test_the_pinned_path_is_the_path_a_cpu_without_avx512_takes(one_thread):
     timing = {k for k, v in pinned["schema"].items() if v.get("timing")}
     assert {k: v for k, v in pinned["metrics"].items() if k not in timing} == \
         {k: v for k, v in avx2["metrics"].items() if k not in timing}
+
+
+def test_bfloat16_is_emulated_on_the_pinned_path_and_dager_pretests_in_float32():
+    """The pinned path caps oneDNN at AVX2, below the bfloat16 instructions: DAGER's bfloat16 pre-test would cost
+    tens of times float32's products, so it runs in float32 (attacks/dager/arch.py)."""
+    import torch
+
+    from bench.models.torch_device import native_bfloat16
+
+    assert os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX2"   # this process was pinned (bench/__init__.py)
+    assert native_bfloat16(torch.device("cpu")) is False
