@@ -10,6 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from bench.run.numerics import pin
+
+pin()   # before torch is imported: every process that computes cells imports this package first (bench/run/numerics.py)
+
 _API = {
     # registries and the decorator that registers a metric
     "DEFENSES": "bench.registry", "ATTACKS": "bench.registry", "METRICS": "bench.registry",

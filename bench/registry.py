@@ -10,6 +10,10 @@ contract, named here as "module:function" so this lowest room imports nothing ab
 A plugin that cannot be imported or breaks its contract is refused, not fatal: every other
 component keeps working, `refusals()` lists one line per refused plugin, and looking up
 its name raises PluginError with that line.
+
+While a computation runs inside `using()`, every entry a registry hands out is logged, and so is every data
+file a loader reads (`note_file`, bench/data/loading.py): a cell's record names what its computation
+resolved, defaults and nested components included (bench/run/version.py hashes each).
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ import difflib
 import importlib
 import inspect
 import pkgutil
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -78,6 +83,53 @@ class Entry(Generic[T]):
 _loading: Origin | None = None   # the entry point being imported: what it registers is its plugin's
 
 
+@dataclass
+class Usage:
+    """What a computation used: (kind, name) of each entry the registries handed out, and each data file it read
+    (key -> digest)."""
+
+    entries: set[tuple[str, str]] = field(default_factory=set)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+_usages: list[Usage] = []   # the logs open now, outermost first
+_quiet = 0                  # > 0: look-ups that decide nothing of the cell being logged (`unlogged`)
+
+
+@contextmanager
+def using(start: Usage | None = None) -> Iterator[Usage]:
+    """Log what the registries hand out and the files loaders read inside the block (into every log open),
+    starting from `start` (a group's federated run, shared by its cells)."""
+    usage = Usage(set(start.entries), dict(start.files)) if start is not None else Usage()
+    _usages.append(usage)
+    try:
+        yield usage
+    finally:
+        _usages.remove(usage)
+
+
+@contextmanager
+def unlogged() -> Iterator[None]:
+    """Look-ups inside the block are not logged: they serve the other cells of a group, not this one."""
+    global _quiet
+    _quiet += 1
+    try:
+        yield
+    finally:
+        _quiet -= 1
+
+
+def in_use() -> Usage | None:
+    """The innermost open log, if any."""
+    return _usages[-1] if _usages else None
+
+
+def note_file(key: str, digest: str) -> None:
+    """A data file the running computation read (its key and digest: bench/data/loading.py)."""
+    for usage in _usages:
+        usage.files[key] = digest
+
+
 class Registry(Generic[T]):
     """Name -> object map with decorator registration and entry-point discovery."""
 
@@ -133,9 +185,13 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         discover()
         try:
-            return self._entries[name].obj
+            obj = self._entries[name].obj
         except KeyError:
             raise self.unknown(name) from None
+        if _usages and not _quiet:
+            for usage in _usages:
+                usage.entries.add((self.kind, name))
+        return obj
 
     def unknown(self, name: str) -> Exception:
         """The error for a name with no entry: the plugin's refusal when one was refused under it."""

@@ -40,7 +40,7 @@ def verified(directory: Path, records: list, current: Info, pages: Pages, say: S
     from bench.run.verify import Tolerance, plan, verify
 
     infos = {s: pages.page_info(s, directory, current) for s in dict.fromkeys(r["suite"] for r in records)}
-    chosen = plan(records, deciding_cells(records, infos), sample, only, seed, force)
+    chosen = plan(records, deciding_cells(records, infos), sample, only, seed, force, data_root)
     say(chosen.summary(str(directory)))
     if dry_run:
         for rec, why in chosen.chosen:

@@ -20,6 +20,14 @@ from tests.dager_reference import reference_dager
 COMMITTED = Path(__file__).resolve().parents[1] / "leaderboards" / "results" / "dager" / "results.json"
 
 
+@pytest.fixture(autouse=True)
+def bfloat16_pretest(monkeypatch):
+    """The pre-test in bfloat16 even where it is emulated (the pinned AVX2 path, bench/run/numerics.py, where the
+    search runs it in float32): the fast tests compare the bfloat16 pre-test with the plain search."""
+    import attacks.dager.arch
+    monkeypatch.setattr(attacks.dager.arch, "native_bfloat16", lambda device: True)
+
+
 def _targets(root, model, params, batch, repeats=2, **scenario):
     sc = {"name": "s", "dataset": "sst2-cls", "model": model, "model_params": params, "num_clients": 1,
           "clients_per_round": 1, "rounds": 1, "max_train": 80, "max_test": 4, "seq_len": 64, "batch_size": 8,

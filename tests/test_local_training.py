@@ -18,7 +18,8 @@ from bench.federation.scenario import Scenario, SpecError, scenario_config
 from bench.federation.state import set_entries
 from bench.protocol.contracts import ContractError, run_metric_values
 from bench.protocol.defense import Defense
-from bench.protocol.records import RecordError, check_record, seal, unpack_bits
+from bench.models.losses import unpack_bits
+from bench.protocol.records import RecordError, check_record, seal
 from bench.registry import DEFENSES
 from bench.run.cells import run_group
 from bench.run.spec import Cell, Component
@@ -186,7 +187,7 @@ def test_a_dp_defense_that_reports_no_epsilon_breaks_its_contract():
 
 
 def test_per_example_outcomes_stay_small():
-    from bench.protocol.records import pack_bits
+    from bench.models.losses import pack_bits
     bits = np.random.default_rng(0).integers(0, 2, 10_000)
     text = pack_bits(bits)
     assert len(text) < 2_000 and np.array_equal(unpack_bits(text, 10_000), bits.astype(bool))

@@ -6,6 +6,7 @@ import pytest
 import bench.run.version
 from bench.cli import main
 from bench.protocol.attack import Attack
+from bench.protocol.records import fingerprint_of
 from bench.registry import ATTACKS
 from bench.run.runner import run_suite
 from bench.run.spec import load_suite
@@ -24,7 +25,11 @@ def _fingerprints(out):
 def test_rerun_after_a_code_change_recomputes(tmp_path, monkeypatch):
     suite = tiny_suite(["plaintext"], [("idlg", {"reconstruct": False})])
     assert run_suite(suite, tmp_path).ok == 1
-    assert _fingerprints(tmp_path) == {"idlg": bench.run.version.cell_fingerprint(suite.cells[0])}
+    store = Store(tmp_path / "leakbench.sqlite")
+    (env,) = [r["environment"] for r in store.records()]
+    store.close()
+    assert env["fingerprint"] == fingerprint_of(env["components"])   # what it used, the config's included
+    assert bench.run.version.cell_components(suite.cells[0]).items() <= env["components"].items()
     assert run_suite(suite, tmp_path).skipped == 1
     before = _fingerprints(tmp_path)["idlg"]
     monkeypatch.setattr(bench.run.version, "harness_hash", lambda root=None: "0000changedcode")

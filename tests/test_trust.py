@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.protocol.records import check_record, config_id, digest
+from bench.protocol.records import check_record, config_id, digest, seal
 from bench.run.runner import run_suite, select
 from bench.run.spec import load_suite
 from bench.run.store import Store
@@ -109,6 +109,14 @@ FORGED = [
     ("suite-escapes", _set("suite", "../../x"), "not a safe name"),
     ("scenario-a-path", _set("scenario", "a/b"), "not a safe name"),
     ("fingerprint-an-int", _set("environment.fingerprint", 123), "fingerprint is int"),
+    # a fingerprint claimed for components it is not the hash of, resealed: it would read as another code's (or
+    # today's) and skip verification
+    ("fingerprint-forged-resealed", _both(_set("environment.fingerprint", "deadbeefdeadbeef"), seal),
+     "fingerprint deadbeefdeadbeef is not the hash of its components"),
+    ("component-edited-resealed", _both(_set("environment.components.harness", "0" * 16), seal),
+     "is not the hash of its components"),
+    ("components-a-string-resealed", _both(_set("environment.components", "x"), seal), "its components are str"),
+    ("component-a-number", _both(_set("environment.components.harness", 7), seal), "its components are dict"),
     ("copied-from-a-list", _set("details.copied_from", ["x"]), "not text"),
 ]
 
@@ -174,15 +182,19 @@ def _digests(root: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("bad, phrase", [("forged", "does not match its digest"), ("{not json", "not valid JSON"),
-                                         ("pages", "not a LeakBench pages file")])
+                                         ("pages", "not a LeakBench pages file"),
+                                         ("components", "its components are str"),
+                                         ("fingerprint", "is not the hash of its components")])
 def test_site_checks_every_folder_before_it_writes_any(genuine, tmp_path, capsys, bad, phrase):
     """A good folder, then a bad one: the good page is left as it was, and no front page is written."""
     _write(tmp_path / "a-good", genuine)
     (tmp_path / "a-good" / "index.html").write_text("the page as committed")
-    export = _write(tmp_path / "b-bad", _forge(genuine, PSNR_999) if bad == "forged" else genuine)
+    edits = {"forged": PSNR_999, "components": _both(_set("environment.components", "x"), seal),
+             "fingerprint": _both(_set("environment.fingerprint", "deadbeefdeadbeef"), seal)}
+    export = _write(tmp_path / "b-bad", _forge(genuine, edits[bad]) if bad in edits else genuine)
     if bad == "pages":
         (tmp_path / "b-bad" / "pages.json").write_text("[]")
-    elif bad != "forged":
+    elif bad not in edits:
         export.write_text(bad)
     before = _digests(tmp_path)
     assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 2
@@ -206,6 +218,7 @@ def test_compare_refuses_directories_without_a_common_cell(genuine, tmp_path, ca
     other[0]["config"]["scenario"]["seed"] = 5
     other[0]["cell_id"] = config_id(other[0]["config"])
     del other[0]["environment"]["digest"]      # an older export: no digest, an older fingerprint
+    del other[0]["environment"]["components"]
     other[0]["environment"]["fingerprint"] = "0" * 16
     _write(tmp_path / "a", genuine)
     _write(tmp_path / "b", other)
@@ -233,6 +246,7 @@ def test_an_older_record_without_a_digest_loads_and_is_recomputed(genuine, tmp_p
     page shows nothing new, and a run recomputes it rather than trusting it."""
     old = copy.deepcopy(genuine)
     del old[0]["environment"]["digest"]
+    del old[0]["environment"]["components"]   # before per-component hashes: one code hash
     old[0]["environment"]["fingerprint"] = "0" * 16
     _write(tmp_path / "old", old)
     assert main(["site", str(tmp_path), "--date", "2026-01-01"]) == 0

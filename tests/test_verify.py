@@ -15,7 +15,7 @@ from bench.evaluation.calibration import record_verdict
 from bench.evaluation.deciding import deciding_cells
 from bench.evaluation.schema import attack_label, defense_label, family, schema_of
 from bench.evaluation.verification import counts, load_report, mark
-from bench.protocol.records import DIGEST, seal, sealed
+from bench.protocol.records import DIGEST, fingerprint_of, seal, sealed
 from bench.run.tolerance import Tolerance, differences
 from bench.run.verify import _rank
 from leaderboards.tables import ranks
@@ -189,14 +189,18 @@ def test_by_default_the_deciding_cells_are_recomputed_and_a_resealed_edit_differ
 
 
 def test_a_cell_of_other_code_is_stale_until_forced(tiny_core, tmp_path, capsys):
-    def older(records):
+    def older(records):   # computed by another version of the harness: its hash and the fingerprint over it
         for rec in records:
-            rec["environment"]["fingerprint"] = "0123456789abcdef"
+            rec["environment"]["components"]["harness"] = "0123456789abcdef"
+            rec["environment"]["fingerprint"] = fingerprint_of(rec["environment"]["components"])
             seal(rec)
     folder = copy_export(tiny_core, tmp_path / "old", older)
+    theirs = find_record(json.loads((folder / "results.json").read_text()), f"{DP}/idlg-extended")["environment"][
+        "fingerprint"]
     assert main(["verify", str(folder), "--only", f"{DP}/idlg-extended"]) == 0
     out = capsys.readouterr().out
-    assert "stale       " in out and "recompute with --force or check out the commit of 0123456789abcdef" in out
+    assert "stale       " in out and f"recompute with --force or check out the commit of {theirs}" in out
+    assert "harness differ" in out
     assert "0 reproduced, 0 differ, 1 stale" in out
     assert main(["verify", str(folder), "--only", f"{DP}/idlg-extended", "--force"]) == 0
     assert "1 reproduced, 0 differ, 0 stale" in capsys.readouterr().out

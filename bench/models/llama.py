@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.data.loading import Dataset
+from bench.data.loading import Dataset, note_data
 from bench.data.packaged import INSTALL, smollm2_gguf
 from bench.models.checkpoints import Checkpoint
 from bench.models.build import weights_wanted
@@ -107,6 +107,9 @@ def _build(data: Dataset, weights: str, n_positions: int) -> nn.Module:
     structure = not weights_wanted()
     location = checkpoint_location(weights)
     config, state = (_config(*location), None) if structure else _checkpoint(*location)
+    if not structure:   # the weights read, for the cell's fingerprint
+        folder, gguf = location
+        note_data(*([folder / gguf] if gguf else sorted(p for p in folder.iterdir() if p.is_file())))
     if data.vocab_size != config.vocab_size:
         raise ValueError(f"the model has {config.vocab_size} tokens, the data's tokenizer {data.vocab_size}: use data "
                          "tokenized with the model's own tokenizer (a '*-smollm2' dataset)")

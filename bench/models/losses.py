@@ -4,6 +4,7 @@ Keeps bench/ free of image assumptions: the engine only calls task.loss and task
 """
 from __future__ import annotations
 
+import base64
 import math
 from typing import Any
 
@@ -12,7 +13,18 @@ import torch
 import torch.nn.functional as F
 
 from bench.models import torch_device
-from bench.protocol.records import pack_bits
+
+
+def pack_bits(bits) -> str:
+    """Per-example 0/1 outcomes as a record stores them (details.per_example.correct): numpy.packbits (big-endian
+    bit order) in base64, 1,668 characters for 10,000 examples. Here, with what computes them, so that a change
+    of the encoding changes the fingerprint of every cell that stores them (bench/run/version.py)."""
+    return base64.b64encode(np.packbits(np.asarray(bits, dtype=bool)).tobytes()).decode("ascii")
+
+
+def unpack_bits(text: str, n: int) -> np.ndarray:
+    """pack_bits' `n` outcomes as a numpy bool array."""
+    return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8), count=n).astype(bool)
 
 
 def trimmed(x: torch.Tensor, pad_id: int | None) -> torch.Tensor:
@@ -41,7 +53,7 @@ class ClassificationTask:
     def evaluate(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
                  per_example: bool = False) -> dict[str, Any]:
         """Accuracy; with `per_example`, also which test examples the model gets right, in test-set order
-        (`per_example`: {"correct": base64 bits, "n"}, bench/protocol/records.py pack_bits), for paired intervals."""
+        (`per_example`: {"correct": base64 bits, "n"}, `pack_bits`), for paired intervals."""
         model.eval()
         dev = torch_device.model_device(model)
         hits = [model(trimmed(xb, self.pad_id).to(dev)).argmax(1).cpu() == yb for xb, yb in zip(x.split(512), y.split(512))]

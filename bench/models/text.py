@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.data.loading import Dataset
+from bench.data.loading import Dataset, note_data
 from bench.models.checkpoints import Checkpoint
 from bench.registry import MODELS
 
@@ -87,6 +87,7 @@ def _gpt2_net(data: Dataset, model: str, n_embd: int, n_layer: int, n_head: int,
         if not (folder / "config.json").is_file():
             raise ValueError(f"model '{model}': weights folder {folder} has no config.json; point `weights` at a "
                              "saved transformers GPT-2 (save_pretrained)")
+        note_data(*sorted(p for p in folder.iterdir() if p.is_file()))
         net = cls.from_pretrained(str(folder), local_files_only=True, **common)
     else:
         config = GPT2Config(vocab_size=data.vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
@@ -154,6 +155,7 @@ def minilm(data: Dataset) -> nn.Module:
         level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()   # "newly initialized classifier" is expected: the head is new
         try:
+            note_data(*sorted(p for p in minilm_path().iterdir() if p.is_file()))
             net = BertForSequenceClassification.from_pretrained(
                 str(minilm_path()), local_files_only=True, num_labels=data.num_classes,
                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -90,3 +90,17 @@ def model_device(model: torch.nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
+
+
+def native_bfloat16(where: torch.device) -> bool:
+    """Whether bfloat16 matrix products run in hardware on `where`: a GPU that supports them, or a CPU whose oneDNN
+    may use AVX512_BF16 or AMX. Elsewhere torch emulates them, tens of times slower than float32 (a 512 x 768 by
+    768 x 768 product: 3.4 ms native, 312 ms emulated, one thread); that includes every CPU under the pinned AVX2
+    path (bench/run/numerics.py), which caps oneDNN below them."""
+    if where.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):   # a build without the query: assume emulation
+        return False
+

@@ -16,6 +16,9 @@ is refused in one line naming the file and the cell. The checks, and what each c
   (`details["differentially_private"]`, written by the engine) reports the epsilon its accountant gives
   (`metrics["epsilon"]`, a finite number >= 0) and the accountant's details (`details["dp"]`: accountant, delta);
   a failed cell, whose run may not have finished, is exempt; records written before the declaration carry none;
+- fingerprint: where the record lists the hashes of the code, libraries and data that computed it
+  (`environment["components"]`, an object of strings), its fingerprint is their hash (`fingerprint_of`); a
+  fingerprint set to make a cell read as current, or components edited under it, is caught;
 - digest: a record written by this code carries `environment["digest"]`, a content hash over everything it
   holds but its suite (set by membership), its volatile run id and the notes added when it is copied
   (`NOTES`); a metric, detail, reason, status, config or fingerprint changed after the record was written
@@ -36,7 +39,6 @@ So a page calls a sealed record "as computed (sealed)" and only a recomputed one
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import math
@@ -85,6 +87,11 @@ def digest(rec: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(stored).encode()).hexdigest()[:16]
 
 
+def fingerprint_of(components: dict[str, str]) -> str:
+    """A cell's fingerprint: sha256 (16 hex digits) over its components' hashes (bench/run/version.py)."""
+    return hashlib.sha256(json.dumps(components, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def sealed(rec: dict[str, Any]) -> bool:
     """Whether the record carries a digest that matches its content."""
     env = rec.get("environment")
@@ -105,19 +112,6 @@ def seal(rec: dict[str, Any]) -> dict[str, Any]:
 
 class RecordError(ValueError):
     """A record that cannot be trusted; the message names the file and the cell."""
-
-
-def pack_bits(bits) -> str:
-    """Per-example 0/1 outcomes as a record stores them (details.per_example.correct): numpy.packbits (big-endian
-    bit order) in base64, 1,668 characters for 10,000 examples."""
-    import numpy as np
-    return base64.b64encode(np.packbits(np.asarray(bits, dtype=bool)).tobytes()).decode("ascii")
-
-
-def unpack_bits(text: str, n: int):
-    """pack_bits' `n` outcomes as a numpy bool array."""
-    import numpy as np
-    return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8), count=n).astype(bool)
 
 
 def dp_fault(epsilon: Any, dp: Any) -> str | None:
@@ -237,10 +231,16 @@ def _plain_format(fmt: str) -> bool:
 
 def _environment(rec: dict[str, Any]) -> str | None:
     env = rec.get("environment", {})
-    fingerprint = env.get("fingerprint")
+    fingerprint, components = env.get("fingerprint"), env.get("components")
     if fingerprint is not None and not isinstance(fingerprint, str):
         return f"fingerprint is {type(fingerprint).__name__}, not a string"
+    if components is not None and not (isinstance(components, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in components.items())):
+        return f"its components are {type(components).__name__}, not an object of component hashes"
     if DIGEST in env and env[DIGEST] != digest(rec):
         return "its content does not match its digest: a metric, detail, status or fingerprint was changed after " \
                "it was written"
+    if components is not None and fingerprint != fingerprint_of(components):
+        return f"its fingerprint {fingerprint} is not the hash of its components ({fingerprint_of(components)}): " \
+               "forged, or its components edited"
     return None

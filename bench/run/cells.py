@@ -24,23 +24,30 @@ import torch
 from bench.protocol.attack import Reconstruction
 from bench.protocol import contracts
 from bench.protocol.records import UNDEFENDED, seal
-from bench.registry import ATTACKS, DEFENSES, METRICS, discover
+from bench.registry import ATTACKS, DEFENSES, METRICS, discover, unlogged, using
 from bench.run.deadline import CellTimeout, exit_reason, within
 from bench.run.leases import new_run_id
 from bench.run.spec import Cell
 
 
 def environment(cell: Cell) -> dict[str, Any]:
-    """Where and with what code the cell was computed: the fingerprint over its components' hashes (bench/run/version.py),
-    the hashes themselves, and `plugins`, the installed plugins that took part. `threads` (torch's intra-op threads)
-    is kept since it sets the order of float reductions: `leakbench verify` recomputes with the same count."""
-    from bench.run.version import cell_components, cell_fingerprint, cell_plugins, package_version
-    plugins = cell_plugins(cell)
-    components = cell_components(cell, plugins)
+    """Where and with what the cell was computed: the hash of each component it used (bench/run/version.py: its code
+    with what the registries handed out while it computed, the installed plugins that took part, the libraries and
+    the data files it read) and the fingerprint over them; `plugins`, the plugins among them; the CPU, torch's build,
+    the full library versions and the numerical settings in effect (bench/run/numerics.py). `threads` (torch's
+    intra-op threads) is kept since it sets the order of float reductions: `leakbench verify` recomputes with the
+    same count."""
+    from bench.protocol.records import fingerprint_of
+    from bench.registry import in_use
+    from bench.run import numerics
+    from bench.run.version import cell_components, package_version
+    components = cell_components(cell, used=in_use())
+    plugins = {k.removeprefix("plugin "): v for k, v in components.items() if k.startswith("plugin ")}
     env = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
            "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "leakbench": package_version(),
-           "fingerprint": cell_fingerprint(cell, components=components), "components": components,
-           "device": compute_device()}
+           "fingerprint": fingerprint_of(components), "components": components, "device": compute_device(),
+           "cpu": numerics.cpu(), "torch_build": numerics.torch_build(), "libraries": numerics.libraries(),
+           "numerics": numerics.settings()}
     return env | ({"plugins": plugins} if plugins else {})
 
 
@@ -224,9 +231,10 @@ def federate(cell: Cell, data_root: str | None, on_round: Callable[[str], None] 
     defense = DEFENSES.get(cell.defense.name)(**cell.defense.params)
     undefended = bool(defense.undefended())   # of the row as configured, before the run changes its state
     apply_budget(defense, sc, data_root)
-    wanted = any(getattr(ATTACKS.get(c.attack.name), "needs_membership", False) for c in (group or [cell]))
-    modifiers = {c.attack.label: ATTACKS.get(c.attack.name)(**c.attack.params) for c in (group or [cell])
-                 if ATTACKS.get(c.attack.name).threat_model != "passive"}
+    with unlogged():   # the group's attacks: what the run draws for them is theirs (each scores its own cell)
+        wanted = any(getattr(ATTACKS.get(c.attack.name), "needs_membership", False) for c in (group or [cell]))
+        modifiers = {c.attack.label: ATTACKS.get(c.attack.name)(**c.attack.params) for c in (group or [cell])
+                     if ATTACKS.get(c.attack.name).threat_model != "passive"}
     run = run_federation(sc, data, defense, progress=on_round, needs_membership=wanted, modifiers=modifiers)
     run.details[UNDEFENDED] = undefended
     return run
@@ -267,17 +275,25 @@ def _group_records(cells: list[Cell], data_root: str | None, on_round: Callable[
     limit = cells[0].timeout_s   # one scenario, one limit: each step (the run, each attack) gets it whole
     if limit:
         discover()   # outside the limit: loading every component is the process's cost, not the cell's
-    try:
-        with within(limit, "the federated run"):
-            run = federate(cells[0], data_root, on_round, group=cells)
-    except CELL_FAULTS as err:  # recorded per cell and reported by the exit status, never hidden
+    # what the registries hand out and the files read are logged (bench/registry.py): the run's for every cell of
+    # the group, each attack's for its own cell; each record's components are those (bench/run/version.py)
+    with using() as shared:
+        try:
+            with within(limit, "the federated run"):
+                run = federate(cells[0], data_root, on_round, group=cells)
+        except CELL_FAULTS as err:  # recorded per cell and reported by the exit status, never hidden
+            run = err
+    if isinstance(run, CELL_FAULTS):
         for cell in scored:
-            yield failed(cell, err)
+            with using(shared):
+                record = failed(cell, run)
+            yield record
         return
     for cell in scored:
-        try:
-            with within(limit, f"the attack {cell.attack.label}"):
-                record = score_cell(cell, run)
-        except CELL_FAULTS as err:
-            record = failed(cell, err, run)
+        with using(shared):
+            try:
+                with within(limit, f"the attack {cell.attack.label}"):
+                    record = score_cell(cell, run)
+            except CELL_FAULTS as err:
+                record = failed(cell, err, run)
         yield record

@@ -13,10 +13,12 @@ could not run) comes back as the exception, and the runner records it as failed 
 The data root travels as a job argument (resolved on the driver), and so do the settings a run
 keeps in its environment (--device; the HE pool size, 1 in a Ray task unless the driver sets one; the
 torch threads, LEAKBENCH_THREADS, bench/run/threads.py: every core in the local executor, a share per
-worker in a pool, one per Ray task unless the driver sets it).
+worker in a pool, one per Ray task unless the driver sets it). The numerical path's settings
+(bench/run/numerics.py) are read when a worker first computes: a pool's workers inherit them, Ray's workers
+start with them (its runtime environment).
 Every Ray node must see the data root at the same path (a shared file system); a node where that
 path does not exist falls back to its own $LEAKBENCH_DATA. Worker code must be the driver's: the
-runner rejects records whose code fingerprint differs.
+runner rejects records whose components (code, libraries, data) differ from the driver's.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.run.numerics import environment as numerics_env
 from bench.run.threads import ENV as THREADS_ENV
 from bench.run.threads import share_cores, threads_for
 
@@ -154,7 +157,8 @@ class RayExecutor:
             try:
                 local = address in (None, "local")
                 ray.init(address=address, num_cpus=workers if local else None, include_dashboard=False,
-                         log_to_driver=bool(os.environ.get("LEAKBENCH_TRACEBACK")), logging_level=logging.ERROR)
+                         log_to_driver=bool(os.environ.get("LEAKBENCH_TRACEBACK")), logging_level=logging.ERROR,
+                         runtime_env={"env_vars": numerics_env()})
             except (ConnectionError, ValueError, RuntimeError) as err:
                 where = f"--ray-address {address}" if address else "a local Ray"
                 raise ExecutorError(f"cannot start {where}: {_first_line(err)}") from None

@@ -10,13 +10,13 @@ recomputed whole, so a group's rows always come from one federated run (its run 
 each record's environment); each group is claimed in the store (bench/run/leases.py), so concurrent
 runs into one --out compute it once.
 
-A stored cell is reused only when it finished and was computed by the same code (package
-version and the cell's fingerprint: the code's and the plugins' that compute it, bench/run/version.py); `force` recomputes everything selected,
+A stored cell is reused only when it finished and was computed by the same code (each component its record lists,
+code, plugins, libraries and data files, has today's value: bench/run/version.py); `force` recomputes everything selected,
 `only` selects cells by label pattern, `dry_run` reports what would run and runs nothing.
 
 An output directory holding an export (results.json, pages.json: a committed leaderboard) but no store is
 seeded from it first, so a run there resumes the leaderboard: only missing, failed or stale cells run. `reuse`
-names other output directories whose finished cells (same cell id, same fingerprint) are copied instead of
+names other output directories whose finished cells (same cell id, current components) are copied instead of
 computed, each noting its source folder (details' `copied_from`, shown on its page): suites that share a
 scenario compute its cells once. Every record read from an export or another folder is checked before the store
 is opened (bench/protocol/records.py says what that catches), so a refused one leaves nothing written.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,23 +97,28 @@ def _group(cells: list[Cell]) -> list[list[Cell]]:
 BEAT_S = 60.0   # how often the driver renews its claims on the groups in flight
 
 
-def _store_group(job: Job, result: list[dict[str, Any]] | BaseException, fingerprints: dict[str, str],
+def _store_group(job: Job, result: list[dict[str, Any]] | BaseException, data_root: str | None,
                  store: Store, tally: Callable[[str, str, str], None]) -> None:
     """Write a finished job's records; a job that raised becomes failed cells with its one-line reason,
     and a record computed by other code (a cluster node with another version) is refused the same way."""
+    from bench.run.version import moved
+
     records = [failed(c, result) for c in job.cells] if isinstance(result, BaseException) else result
     for cell, record in zip(job.cells, records):
-        theirs, fingerprint = record["environment"].get("fingerprint"), fingerprints[cell.cell_id]
-        if record["status"] != "failed" and theirs != fingerprint:
-            record = failed(cell, RuntimeError(f"computed by other code (fingerprint {theirs}, here {fingerprint});"
-                                               " install this leakbench on every worker"))
+        other = moved(record["environment"], data_root and Path(data_root), absent=False)
+        if record["status"] != "failed" and other:
+            theirs = record["environment"].get("fingerprint")
+            record = failed(cell, RuntimeError(f"computed by other code (fingerprint {theirs}: {', '.join(other)} "
+                                               "differ from this process's); install this leakbench and its libraries "
+                                               "on every worker"))
         record["environment"] = {**record["environment"], "run_id": job.run_id}
         store.put(record)
         tally(record["status"], cell.label, record["reason"])
 
 
 def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store, claims: Claims,
-           fingerprints: dict[str, str], force: bool, tally: Callable[[str, str, str], None], poll_s: float) -> None:
+           current: Callable[[dict[str, Any]], bool], force: bool, tally: Callable[[str, str, str], None],
+           poll_s: float) -> None:
     """Keep the executor's slots full of claimed groups and store each group's records as it finishes.
 
     A group another run holds is set aside and retried once the rest is done (by then it is usually
@@ -127,7 +133,7 @@ def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store,
                 grp = group_id(cells)
                 if not claims.claim(grp):
                     busy.append(cells)
-                elif not force and all(store.finished(c.cell_id, fingerprints[c.cell_id]) for c in cells):
+                elif not force and all(store.finished(c.cell_id, current) for c in cells):
                     claims.release(grp)
                     progressed = True
                     for c in cells:
@@ -137,7 +143,7 @@ def _drive(pending: list[list[Cell]], pool, data_root: str | None, store: Store,
                     pool.submit(inflight[grp])
             if inflight:
                 for job, result in pool.wait(BEAT_S):
-                    _store_group(job, result, fingerprints, store, tally)
+                    _store_group(job, result, data_root, store, tally)
                     claims.release(inflight.pop(job.group).group)
                     progressed = True
                 for grp in inflight:
@@ -167,30 +173,30 @@ def exported(directory: Path) -> tuple[str, list[dict[str, Any]]]:
                      "directory of `leakbench run`")
 
 
-def refuse_undigested(where: str, records: list[dict[str, Any]], current: set[str]) -> None:
-    """A record without a digest that claims the running code's fingerprint had it removed (this code seals every
-    record it writes): refused (RecordError), since it would be copied or seeded as done. An undigested record
-    with another fingerprint is older code's: stale, so recomputed rather than trusted."""
+def refuse_undigested(where: str, records: list[dict[str, Any]], current: Callable[[dict[str, Any]], bool]) -> None:
+    """A record without a digest that claims the running code computed it (`current`) had its digest removed (this
+    code seals every record it writes): refused (RecordError), since it would be copied or seeded as done. An
+    undigested record of other code is stale, so recomputed rather than trusted."""
     for rec in records:
         env = rec.get("environment") or {}
-        if DIGEST not in env and env.get("fingerprint") in current:
+        if DIGEST not in env and current(env):
             raise RecordError(f"{where}: cell {rec['cell_id']} cannot be trusted (it claims this code's fingerprint "
                               "but carries no digest, which this code always writes); restore the file from git or "
                               "recompute the cell")
 
 
-def reusable(store: Store, cells: list[Cell], fingerprints: dict[str, str],
+def reusable(store: Store, cells: list[Cell], current: Callable[[dict[str, Any]], bool],
              sources: list[tuple[str, str, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
     """The finished, sealed records of other output directories ((directory, file, records): `exported`) for cells
-    this store lacks, computed by the same code (cell id and fingerprint match), by cell id, each noting the
+    this store lacks, computed by the running code (same cell id, `current`), by cell id, each noting the
     directory it came from. An unverified record (bench/protocol/records.py) is never copied."""
-    wanted = {c.cell_id for c in cells if not store.finished(c.cell_id, fingerprints[c.cell_id])}
+    wanted = {c.cell_id for c in cells if not store.finished(c.cell_id, current)}
     found: dict[str, dict[str, Any]] = {}
     for directory, _, records in sources:
         for rec in records:
             cid = rec["cell_id"]
             if cid in wanted and cid not in found and rec["status"] in FINISHED and sealed(rec) and \
-                    (rec.get("environment") or {}).get("fingerprint") == fingerprints[cid]:
+                    current(rec.get("environment") or {}):
                 found[cid] = {**rec, "details": {**rec.get("details", {}), "copied_from": directory}}
     return found
 
@@ -220,7 +226,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     `executor` is a name (local, process, ray; None: local for one worker, process for more) or an
     executor object (bench/run/executors.py), which the caller then closes."""
     from bench.data.loading import resolve_data_root
-    from bench.run.version import cell_fingerprint
+    from bench.run.version import is_current
 
     root = resolve_data_root(data_root)
     root = None if root is None else str(root)
@@ -237,8 +243,14 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
         check_options(executor, workers, ray_address)
     out = Path(out_dir)
     chosen = select(suite, only)
-    fingerprints = {c.cell_id: cell_fingerprint(c) for c in chosen}   # the code and the plugins that compute it
-    current = set(fingerprints.values())
+    known: dict[str, bool] = {}
+
+    def current(env: dict[str, Any]) -> bool:
+        """Whether a stored environment is the running code's (each record's components re-hashed: version.py)."""
+        key = json.dumps(env.get("components"), sort_keys=True) + str(env.get("fingerprint"))
+        if key not in known:
+            known[key] = is_current(env, root and Path(root))
+        return known[key]
     export = None   # a new store beside an export is seeded from it; exports are read (and checked) first
     if not (out / "leakbench.sqlite").exists() and (out / "results.json").is_file():
         kept = load_records(out)
@@ -252,13 +264,13 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
     seeded = store.seed(*export) if export else 0
     # records of an older scenario schema kept as today's cells (stale: their fingerprint is older code's)
     upgraded = adopt(store, suite.name, suite.cells, dry_run=dry_run and path.exists())
-    copies = {} if force else reusable(store, chosen, fingerprints, sources)
+    copies = {} if force else reusable(store, chosen, current, sources)
     if not dry_run:
         for rec in copies.values():
             store.put(rec)
     reused = len(copies)
     states = {c.cell_id: "forced" if force else "done" if c.cell_id in copies else
-              store.state(c.cell_id, fingerprints[c.cell_id]) for c in chosen}
+              store.state(c.cell_id, current) for c in chosen}
     pending = [g for g in _group(chosen) if any(states[c.cell_id] != "done" for c in g)]
     stale = sum(states[c.cell_id] == "stale" for g in pending for c in g)
     skipped = len(chosen) - sum(len(g) for g in pending)
@@ -290,7 +302,7 @@ def run_suite(suite: Suite, out_dir: str | Path, data_root: str | None = None, w
 
     claims = Claims(store.path)
     try:
-        _drive(pending, pool, root, store, claims, fingerprints, force, tally, poll_s)
+        _drive(pending, pool, root, store, claims, current, force, tally, poll_s)
     finally:
         claims.close()
         if bar:

@@ -1,7 +1,7 @@
 """Results store: one SQLite row per finished cell, each committed in its own transaction.
 
 A killed run loses no finished cell and a rerun skips them (failed cells are retried, and
-cells whose recorded code fingerprint differs from the running code's are recomputed).
+cells whose recorded components differ from the running code's are recomputed: bench/run/version.py).
 A file that is not a readable store is reported, never silently replaced.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 SCHEMA_VERSION = "1"
 _SCHEMA = """
@@ -106,19 +106,23 @@ class Store:
                                    (suite,)).fetchone()
             self._db.execute("INSERT OR IGNORE INTO membership VALUES (?, ?, ?)", (suite, cell_id, row[0]))
 
-    def finished(self, cell_id: str, fingerprint: str | None = None) -> bool:
-        """A stored finished cell (computed by code with this fingerprint, when one is given)."""
-        return self.state(cell_id, fingerprint) == "done"
+    def finished(self, cell_id: str, current: Callable[[dict[str, Any]], bool] | None = None) -> bool:
+        """A stored finished cell (computed by the running code, when `current` is given to tell)."""
+        return self.state(cell_id, current) == "done"
 
-    def state(self, cell_id: str, fingerprint: str | None = None) -> str:
-        """'new' (not stored or failed), 'stale' (stored by code with another fingerprint, or unsealed: an
-        unverified record, bench/protocol/records.py, is never done) or 'done'."""
-        row = self._db.execute("SELECT status, json_extract(environment, '$.fingerprint'), "
-                               "json_extract(environment, '$.digest') FROM cells WHERE cell_id=?",
-                               (cell_id,)).fetchone()
+    def state(self, cell_id: str, current: Callable[[dict[str, Any]], bool] | None = None) -> str:
+        """'new' (not stored or failed), 'stale' (its environment is not the running code's by `current`, or it is
+        unsealed: an unverified record, bench/protocol/records.py, is never done) or 'done'."""
+        row = self._db.execute("SELECT status, environment FROM cells WHERE cell_id=?", (cell_id,)).fetchone()
         if row is None or row[0] not in FINISHED:
             return "new"
-        return "stale" if fingerprint is not None and (row[1] != fingerprint or row[2] is None) else "done"
+        if current is None:
+            return "done"
+        try:
+            env = json.loads(row[1])
+        except (TypeError, ValueError):
+            return "stale"
+        return "done" if isinstance(env, dict) and env.get("digest") is not None and current(env) else "stale"
 
     def put(self, record: dict[str, Any]) -> None:
         """Write one cell in its own transaction."""

@@ -183,10 +183,13 @@ def rebuild(rec: dict[str, Any]) -> Cell | None:
 
 
 def plan(records: list[dict[str, Any]], deciding: dict[str, str], sample: int | None = 0, only: str | None = None,
-         seed: int = 0, force: bool = False) -> Plan:
+         seed: int = 0, force: bool = False, data_root: str | None = None) -> Plan:
     """The cells `deciding` names (cell id -> what it decides), plus `sample` drawn from the rest (None: all of
-    it), both narrowed by `only`; ValueError when `only` matches no stored cell."""
-    from bench.run.version import cell_components, cell_fingerprint, stale_components
+    it), both narrowed by `only`; ValueError when `only` matches no stored cell. A cell is stale where its stored
+    components are not today's (bench/run/version.py `moved`; a data file this machine lacks is not held against
+    it here: the recomputation reads it or fails)."""
+    from bench.data.loading import resolve_data_root
+    from bench.run.version import moved
 
     cells = {r["cell_id"]: rebuild(r) for r in records}
     pool = [r for r in records if _matches(r, cells[r["cell_id"]], only)]
@@ -203,10 +206,9 @@ def plan(records: list[dict[str, Any]], deciding: dict[str, str], sample: int | 
         if cell is None:
             stale[rec["cell_id"]] = ("its config is of an older schema this code cannot rebuild; check out the "
                                      f"commit of fingerprint {theirs}")
-        elif not force and theirs != (mine := cell_fingerprint(cell)):
-            moved = stale_components((rec.get("environment") or {}).get("components"), cell_components(cell))
-            stale[rec["cell_id"]] = (f"computed by code {theirs} (other {', '.join(moved)}), this code is {mine}: "
-                                     f"recompute with --force or check out the commit of {theirs}")
+        elif not force and (other := moved(rec.get("environment"), resolve_data_root(data_root), absent=False)):
+            stale[rec["cell_id"]] = (f"computed by other code (fingerprint {theirs}; {', '.join(other)} differ from "
+                                     f"this code's): recompute with --force or check out the commit of {theirs}")
     compared = [r for r, _ in chosen if r["cell_id"] not in stale]
     rebuilt = [r for r, _ in chosen if cells[r["cell_id"]] is not None]
     return Plan(records, cells, chosen, stale, len(chosen) - len(drawn), len(drawn), _estimate(records, compared),
