@@ -232,3 +232,17 @@ def test_an_attack_no_better_than_the_chance_floor_on_the_undefended_row_gives_n
     assert cal["llg-plus"].why == "on plain it is no better than chance (label_acc 0.55 against random-guess's 0.5 " \
                                   "[0.45, 0.56])"
     assert cal["llg-plus-entries"].ok
+
+
+def test_a_utility_loss_is_paired_where_the_records_store_packed_per_example_outcomes():
+    """The cell scorer stores per-example outcomes packed (pack_bits); the utility loss reads them back paired."""
+    from bench.evaluation.utility_loss import utility_loss
+    from bench.models.losses import pack_bits
+
+    plain, other = [1] * 90 + [0] * 10, [1] * 85 + [0] * 15
+    records = [rec("plain", "ilrg", label_acc=1.0, accuracy=0.9, test_samples=100),
+               rec("mask", "ilrg", label_acc=1.0, accuracy=0.85, test_samples=100)]
+    for r, bits in zip(records, (plain, other)):
+        r["details"]["per_example"] = {"correct": pack_bits(bits), "n": len(bits)}
+    loss = utility_loss(records[1], records[0])
+    assert loss["paired"] and abs(loss["loss"] - 0.05) < 1e-9

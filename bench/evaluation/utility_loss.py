@@ -98,7 +98,16 @@ def unpaired_accuracy_gap(plain: float, n_plain: int, other: float, n_other: int
 
 
 def _per_example(rec: dict[str, Any], key: str) -> list | None:
-    values = (rec["details"].get("per_example") or {}).get(key)
+    """A record's per-example results: a list of numbers, or 0/1 outcomes packed as the cell scorer stores them
+    (`pack_bits`: base64 with their count `n`)."""
+    stored = rec["details"].get("per_example") or {}
+    values = stored.get(key)
+    if isinstance(values, str) and isinstance(stored.get("n"), int) and not isinstance(stored["n"], bool):
+        from bench.models.losses import unpack_bits   # where they are packed (it imports torch: only when needed)
+        try:
+            values = [int(v) for v in unpack_bits(values, stored["n"])]
+        except ValueError:   # not base64 of that many bits: no paired interval (the unpaired one is said why)
+            return None
     return values if isinstance(values, list) and values and all(is_number(v) for v in values) else None
 
 
