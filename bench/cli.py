@@ -97,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
                           "1e-3), or one metric's absolute tolerance in its unit (repeatable); verdict bands and "
                           "ranks must hold whatever the tolerance")
     ver.add_argument("--seed", type=int, default=0, help="seed of the random sample (default 0)")
+    ver.add_argument("--workers", type=int, default=1, help="rows recomputed at a time, each in its own process "
+                                                            "(default 1)")
+    ver.add_argument("--threads", type=int, default=None,
+                     help="torch threads per row instead of the count each record states (another machine's setting)")
     ver.add_argument("--force", action="store_true",
                      help="recompute stale cells too (computed by other code), comparing them all the same")
     ver.add_argument("--dry-run", action="store_true",

@@ -33,7 +33,7 @@ def outcome_line(o) -> str:
 
 def verified(directory: Path, records: list, current: Info, pages: Pages, say: Say, data_root: str | None,
              sample: int | None, progress, only: str | None = None, seed: int = 0, tolerance=None, force: bool = False,
-             dry_run: bool = False):
+             dry_run: bool = False, workers: int = 1, threads: int | None = None):
     """`leakbench verify` of one folder: the cells its pages' structure says decide something, plus `sample`, with
     the plan stated before anything runs and each row's ranks kept; None for a dry run."""
     from bench.evaluation.deciding import deciding_cells
@@ -41,13 +41,13 @@ def verified(directory: Path, records: list, current: Info, pages: Pages, say: S
 
     infos = {s: pages.page_info(s, directory, current) for s in dict.fromkeys(r["suite"] for r in records)}
     chosen = plan(records, deciding_cells(records, infos), sample, only, seed, force, data_root)
-    say(chosen.summary(str(directory)))
+    say(chosen.summary(str(directory), workers))
     if dry_run:
         for rec, why in chosen.chosen:
             say(f"{'stale' if rec['cell_id'] in chosen.stale else 'recompute':10s} {_label(rec)}: {why}")
         return None
     return verify(chosen, data_root, tolerance or Tolerance(), lambda recs: pages.ranks(recs, infos[recs[0]["suite"]]),
-                  progress)
+                  progress, workers, threads)
 
 
 def _label(rec) -> str:
@@ -71,6 +71,10 @@ def verify_command(args, current: Info, pages: Pages, say: Say) -> int:
         sample = int(args.sample or 0)
     else:
         raise ValueError(f"--sample {args.sample!r}: expected a number of cells >= 0 or 'all'")
+    for name in ("workers", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} {value}: expected a number >= 1")
     report_to = Path(args.report) if args.report is not None else None
     if report_to is not None and (report_to.is_dir() or not report_to.parent.resolve().is_dir()
                                   or not os.access(report_to.parent.resolve(), os.W_OK)):
@@ -79,7 +83,7 @@ def verify_command(args, current: Info, pages: Pages, say: Say) -> int:
     records = load_records(args.dir)
     directory = (Path(args.dir) if Path(args.dir).is_dir() else Path(args.dir).parent).resolve()
     report = verified(directory, records, current, pages, say, args.data_root, sample, lambda o: say(outcome_line(o)),
-                      args.only, args.seed, tolerance, args.force, args.dry_run)
+                      args.only, args.seed, tolerance, args.force, args.dry_run, args.workers, args.threads)
     if report is None:
         return 0
     p = report.plan

@@ -292,3 +292,16 @@ def test_site_verify_publishes_what_reproduces_and_refuses_a_forgery(tiny_core, 
     assert main(["site", str(tmp_path / "forged"), "--verify", "0"]) == 1
     assert "nothing was published" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in forged.rglob("*")} == before and not (tmp_path / "forged" / "index.html").exists()
+
+
+def test_rows_recomputed_in_parallel_at_another_thread_count_reproduce(tiny_core, capsys):
+    """Two rows at a time, each in a spawned process, at 1 torch thread where the records say 2: the tiny core's
+    cells reproduce within their tolerances (a second machine's setting), and the plan says so."""
+    stored = {r["environment"]["threads"] for r in json.loads((tiny_core / "core" / "results.json").read_text())}
+    assert stored == {2}
+    assert main(["verify", str(tiny_core / "core"), "--sample", "all", "--workers", "2", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 row(s) at a time" in out
+    assert "0 differ, 0 stale" in out and " 0 reproduced" not in out
+    assert main(["verify", str(tiny_core / "core"), "--workers", "0"]) == 2
+    assert "--workers 0: expected a number >= 1" in capsys.readouterr().err

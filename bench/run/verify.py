@@ -72,8 +72,10 @@ anyway. Nothing is written to the folder; the report (`Report.checked`, `--repor
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import datetime
 import fnmatch
+import multiprocessing as mp
 import os
 import platform
 import random
@@ -107,7 +109,7 @@ class Outcome:
     why: str = ""                                # stale: whose code; differs: the differences in words
     differences: list[Difference] = field(default_factory=list)
     tolerances: dict[str, str] = field(default_factory=dict)   # metric -> the tolerance it was compared at
-    seconds: float = 0.0                         # its row's federated run and its attack, for the row's first cell
+    seconds: float = 0.0                         # its row's whole recomputation, on the row's first cell
 
     def to_json(self) -> dict[str, Any]:
         return {"cell_id": self.record["cell_id"], "label": self.label, "digest": digest(self.record),
@@ -133,16 +135,17 @@ class Plan:
     def rows(self) -> int:
         return len({_row(r) for r, _ in self.chosen if r["cell_id"] not in self.stale})
 
-    def summary(self, where: str) -> str:
-        """The line `leakbench verify` states before it starts."""
+    def summary(self, where: str, workers: int = 1) -> str:
+        """The line `leakbench verify` states before it starts (`workers` rows at a time)."""
         compared = len(self.chosen) - len(self.stale)
         threads = sorted({str((r.get("environment") or {}).get("threads", "?")) for r, _ in self.chosen})
-        stale = f"; {len(self.stale)} stale, not compared (about {_hours(self.forced)} with --force)" \
+        at_once = max(1, min(workers, self.rows))
+        stale = f"; {len(self.stale)} stale, not compared (about {_hours(self.forced / at_once)} with --force)" \
             if self.stale else ""
         return (f"verify {where}: {compared} of {len(self.records)} cell(s) in {self.rows} row(s) will be recomputed "
                 f"({self.deciding} deciding what its pages show, {self.sampled} drawn at random{stale}): about "
-                f"{_hours(self.seconds)} on this machine ({os.cpu_count()} CPUs; the records' stored run and "
-                f"attack times at {', '.join(threads)} torch thread(s), rows one after another)")
+                f"{_hours(self.seconds / at_once)} on this machine ({os.cpu_count()} CPUs; the records' stored run and "
+                f"attack times at {', '.join(threads)} torch thread(s), {at_once} row(s) at a time)")
 
 
 @dataclass
@@ -261,11 +264,12 @@ def _row(rec: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def verify(p: Plan, data_root: str | None = None, tolerance: Tolerance = Tolerance(), ranks: Ranks | None = None,
-           progress: Callable[[Outcome], None] | None = None) -> Report:
+           progress: Callable[[Outcome], None] | None = None, workers: int = 1, threads: int | None = None) -> Report:
     """Recompute the plan's cells row by row and compare each with its record (the module docstring's table);
     `ranks` gives one scenario's rows their ranks, so a recomputed cell that moves a rank does not reproduce;
-    `progress` hears each outcome as it is known. Missing data raises before any cell runs."""
-    from bench.run.cells import run_group
+    `progress` hears each outcome as it is known. `workers` rows at a time, each in a spawned process (a row is
+    one federated run; rows share nothing); `threads` torch threads per row instead of the count each record
+    states (another machine's setting). Missing data raises before any cell runs."""
     from bench.run.preflight import check_suite_data
 
     started = time.perf_counter()
@@ -283,23 +287,44 @@ def verify(p: Plan, data_root: str | None = None, tolerance: Tolerance = Toleran
     for rec, chosen in p.chosen:
         if rec["cell_id"] in p.stale:
             tell(Outcome(rec, _label(rec), "stale", chosen, p.stale[rec["cell_id"]]))
+    rows = []
     for key in dict.fromkeys(_row(r) for r, _ in p.chosen if r["cell_id"] not in p.stale):
         scored = [r for r, _ in p.chosen if _row(r) == key and r["cell_id"] not in p.stale]
         group = [c for r in p.records if _row(r) == key and (c := p.cells[r["cell_id"]]) is not None]
-        threads = (scored[0].get("environment") or {}).get("threads")
-        with _threads(threads):
-            clock = time.perf_counter()
-            fresh = run_group(group, data_root, scored=[p.cells[r["cell_id"]] for r in scored])
-            for rec, new in zip(scored, fresh):
-                found = differences(rec, new, tolerance) + _rank(rec, new, p.records, ranks)
-                seconds, clock = time.perf_counter() - clock, time.perf_counter()
-                text = "; ".join(map(str, found))
-                if found and not isinstance(threads, int):
-                    text += (f" (the record does not say how many torch threads computed it; recomputed with "
-                             f"{torch.get_num_threads()}: set LEAKBENCH_THREADS to its count)")
-                tell(Outcome(rec, _label(rec), "differs" if found else "reproduced", why[rec["cell_id"]], text,
-                             found, _tolerances(rec, new, tolerance), seconds))
+        count = threads or (scored[0].get("environment") or {}).get("threads")
+        rows.append((scored, (group, [p.cells[r["cell_id"]] for r in scored], data_root, count)))
+
+    def compare(scored: list[dict[str, Any]], fresh: list[dict[str, Any]], used: int, seconds: float) -> None:
+        for i, (rec, new) in enumerate(zip(scored, fresh)):
+            found = differences(rec, new, tolerance) + _rank(rec, new, p.records, ranks)
+            text = "; ".join(map(str, found))
+            if found and not isinstance((rec.get("environment") or {}).get("threads"), int):
+                text += (f" (the record does not say how many torch threads computed it; recomputed with {used}: set "
+                         "LEAKBENCH_THREADS to its count)")
+            tell(Outcome(rec, _label(rec), "differs" if found else "reproduced", why[rec["cell_id"]], text,
+                         found, _tolerances(rec, new, tolerance), seconds if i == 0 else 0.0))
+
+    if workers <= 1 or len(rows) <= 1:
+        for scored, job in rows:
+            compare(scored, *recompute_row(*job))
+    else:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(recompute_row, *job): scored for scored, job in rows}
+            for fut in cf.as_completed(futures):
+                compare(futures[fut], *fut.result())
     return Report(outcomes, p, time.perf_counter() - started, machine(), datetime.date.today().isoformat())
+
+
+def recompute_row(group: list[Cell], scored: list[Cell], data_root: str | None, threads: Any
+                  ) -> tuple[list[dict[str, Any]], int, float]:
+    """One row's fresh records of the `scored` cells (its whole federated run, the other cells of the row taking
+    part), the torch threads it used and its seconds; module level, so a spawned worker can run it."""
+    from bench.run.cells import run_group
+
+    with _threads(threads):
+        clock = time.perf_counter()
+        fresh = list(run_group(group, data_root, scored=scored))
+        return fresh, torch.get_num_threads(), time.perf_counter() - clock
 
 
 def _rank(stored: dict[str, Any], fresh: dict[str, Any], records: list[dict[str, Any]], ranks: Ranks | None
