@@ -38,3 +38,11 @@ def lpips(ev: Evidence):
 def images_recovered(ev: Evidence):
     s = _scores(ev)
     return None if s is None else s["recovered"]
+
+
+@metric("batch_recovered", "", True, "privacy", "1 when every image of the batch reaches 30 dB PSNR after matching, "
+        "else 0: over the attacked batches, the share of batches recovered whole (an exact batch inversion reads "
+        "about 100 dB)", display="batch recovered")
+def batch_recovered(ev: Evidence):
+    s = _scores(ev)
+    return None if s is None else float(s["recovered"] >= 1.0)

@@ -137,6 +137,24 @@ def test_recovered_counts_the_batch_images_matched_at_30_db():
     assert im.score_images(truth, truth)["recovered"] == 1.0
 
 
+def test_batch_recovered_is_one_only_when_every_image_of_the_batch_is():
+    """batch_recovered: 1 for a batch whose every image reaches 30 dB, 0 for one image short (3 of 4 at 30 dB, or a
+    truth left unmatched), so its mean over the attacked batches is the share of batches recovered whole."""
+    from bench.protocol.attack import Reconstruction
+    from bench.protocol.evidence import Evidence, Truth
+    from metrics.vision import batch_recovered, images_recovered
+
+    truth = _batch(4, 3, 16, seed=12)
+    far = torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(5))
+
+    def scored(images):
+        ev = Evidence(Reconstruction(images=images), Truth(truth, torch.zeros(4), {}))
+        return batch_recovered(ev), images_recovered(ev)
+    assert scored(truth.flip(0)) == (1.0, 1.0)
+    assert scored(torch.stack([truth[0], truth[1], far, truth[3]])) == (0.0, pytest.approx(3 / 4))
+    assert scored(truth[:3]) == (0.0, pytest.approx(3 / 4))
+
+
 def test_lpips_matrix_agrees_with_lpips_forward():
     truth, rec = _batch(5, 3, 32, seed=10), _batch(4, 3, 32, seed=11)
     dist = im.pairwise_distances(rec, truth, "lpips")
