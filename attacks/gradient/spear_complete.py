@@ -11,16 +11,22 @@ vector, which is q_u. The off-set is constant on each cell of the arrangement of
 w_j x + b_j = 0 in that subspace: m' + 1 intervals of a line (k = 1), about m'^2 / 2 cells of a plane (k = 2,
 each found from the segments every line is cut into). Each cell's off-set is tested by the smallest eigenvalue
 of the Gram matrix of its rows; a passing cell's eigenvector is polished and joins the selection, whose
-sparsity-matching score judges it as before. Which columns are known is not known: the selection's columns that
-are no trusted pool candidate are the missing ones, else each column in turn (k = 1), and at the last round each
-pair among the worst-matching columns (k = 2). The cost: a line is free, a plane a few seconds."""
+sparsity-matching score judges it, within MISMATCH alone (SPEAR's own test also forgives 3 entries, which on the
+FCN's 64 rows lets a wrong last column pass). Which columns are known is not known: the selection's columns that
+are no trusted pool candidate are the missing ones, else each column in turn (k = 1), and after the last round pairs of columns,
+the worst-matching first (k = 2). The cost: a line is free, a plane about (m'^2 / 2) B^2 (a second or two at B = 32
+on 256 rows), so the pairs tried are bounded by a budget.
+
+What it cannot complete: a sample whose off-neurons are all off for another sample too (nested off-sets, common on
+the FCN's 64 neurons) has zero rows of rank below B - 1: its direction is not fixed by zeros at all, in this step or
+in SPEAR's."""
 from __future__ import annotations
 
 import itertools
 
 import torch
 
-from attacks.gradient.spear_select import Selection, _evaluate, exact, improve, mismatches
+from attacks.gradient.spear_select import MISMATCH, Selection, _evaluate, mismatches
 from attacks.gradient.spear_solve import Factors, Pool, polish
 
 
@@ -54,7 +60,7 @@ def cells(a: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
     return torch.cat(points)
 
 
-def directions(f: Factors, known: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, keep: int = 8,
+def directions(f: Factors, known: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, keep: int = 64,
                chunk: int = 4096) -> list[torch.Tensor]:
     """The directions of the k = B - len(known) missing samples (k = 1 or 2) given the known columns (B x (B-k),
     exact): the polished kernels of the `keep` cells whose off-rows come nearest to a common kernel."""
@@ -86,30 +92,39 @@ def directions(f: Factors, known: torch.Tensor, weight: torch.Tensor, bias: torc
 
 
 def last_directions(f: Factors, pool: Pool, sel: Selection, bias_grad, weight, bias, final: bool = False,
-                    pairs: int = 4) -> Selection:
+                    budget: float = 1.3e8, options: int = 12) -> Selection:
     """The selection with its missing columns recovered where at most two are missing (see the module), or as it
-    was. `final` also tries each pair among the `pairs` worst-matching columns."""
+    was. A plane costs about (m'^2 / 2) B^2 (its cells' Gram matrices): a round tries a pair where that fits in
+    `budget` (B <= 64 on 256 rows), and `final` tries pairs of columns, the worst-matching first, as many as fit in
+    16 budgets (every pair of a batch of 8 on the FCN's 64 rows, about 70 at B = 32 on 256). Each try puts every
+    arrangement of its first `options` directions into the missing columns."""
     batch = sel.q.shape[1]
+    plane = len(f.rows) ** 2 / 2 * batch ** 2
     trusted = set(pool.trusted(f))
     suspects = [p for p, i in enumerate(sel.chosen) if i < 0 or i not in trusted]
     worst = mismatches(f, sel.q / sel.q.norm(dim=0), sel.x, weight, bias) if sel.score >= 0 else \
         torch.zeros(batch)
     order = sorted(range(batch), key=lambda p: -float(worst[p]))
-    tries = [tuple(suspects)] if 1 <= len(suspects) <= 2 else []
+    tries = [tuple(suspects)] if len(suspects) == 1 or (len(suspects) == 2 and plane <= budget) else []
     if len(suspects) <= 1:
         tries += [(p,) for p in order if (p,) not in tries]
     if final:
-        tries += [t for t in itertools.combinations(order[:pairs], 2) if t not in tries]
+        pairs = [t for n in range(2, batch + 1) for t in itertools.combinations(order[:n], 2)
+                 if order[n - 1] in t]
+        tries += [t for t in pairs if t not in tries][:int(16 * budget / plane)]
     for missing in tries:
         rest = [p for p in range(batch) if p not in missing]
         found = directions(f, sel.q[:, rest], weight, bias)
         if len(found) < len(missing):
             continue
-        options = [(-3, v) for v in found]
-        q, chosen, score = improve(f, sel.q, sel.chosen, options, list(missing), bias_grad, weight, bias)
-        if exact(f, score):
+        for picked in itertools.permutations(found[:options], len(missing)):
+            q = sel.q.clone()
+            for pos, v in zip(missing, picked):
+                q[:, pos] = v
             s, x, score = _evaluate(f, q, bias_grad, weight, bias)
-            return Selection(q, s, x, score, chosen)
+            if score >= 1.0 - MISMATCH:   # stricter than `exact`'s few entries, which pass near misses on 64 rows
+                chosen = [-3 if p in missing else i for p, i in enumerate(sel.chosen)]
+                return Selection(q, s, x, score, chosen)
     return sel
 
 
