@@ -72,7 +72,8 @@ TEXT_ATTACKS = [
 ]
 CANARY_ATTACKS = [("audit-canary", {})]   # on canary trials (scenario canary = gradient / mislabeled)
 ONE_RUN_ATTACKS = [("audit-one-run", {})]   # on one upload holding many canaries (scenario canary = one-run)
-RELU_ATTACKS = [("spear", {"samples": 200, "rounds": 1, "prior_steps": 3})]   # need a linear layer followed by ReLU
+RELU_ATTACKS = [("spear", {"samples": 200, "rounds": 1, "prior_steps": 3}),   # need a linear layer followed by ReLU
+                ("spear++", {"per_round": 8, "rounds": 1, "pairs": 0})]
 GRID_ATTACKS = (IMAGE_ATTACKS + [a for a in TEXT_ATTACKS if a not in IMAGE_ATTACKS] + CANARY_ATTACKS + ONE_RUN_ATTACKS
                 + RELU_ATTACKS)
 MIA = {"mia_size": 10, "mia_aux": 30}  # membership candidates and auxiliary data for the mia-* attacks

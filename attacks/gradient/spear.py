@@ -31,6 +31,12 @@ such mixes pass and are told apart by the selection's sparsity matching; the pla
 other sample (spear_solve.plane_directions), which is searched each round and, where the selection is still not
 exact, once more at one shared row (spear_select.repair). Both are this implementation's additions to the paper's steps.
 
+Completion (`complete`, on by default): where a round's selection is not exact and at most two of its columns are
+in doubt, the missing samples' inputs lie on a known line or plane of the input space, and the cell of the ReLU
+arrangement holding each gives its zero rows exactly (attacks/gradient/spear_complete.py); this implementation's
+addition to the paper's steps. The search that proposes directions is `proposer`: SPEAR's sampling here (`Sampler`),
+SPEAR++'s dictionary learning in attacks/gradient/spear_dictionary.py, everything after it shared.
+
 Labels, from the view: the granted ones where a scenario grants them; otherwise, once the inputs are known, each
 sample's label is the class whose single-sample gradient at the layer's output equals the recovered column
 of dL/dZ (exact when the disaggregation is). The estimate optimizes soft labels jointly (as DLG does).
@@ -50,6 +56,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attacks.gradient import spear_complete as sc
 from attacks.gradient import spear_select as sp
 from attacks.gradient import spear_solve as ss
 from attacks.gradient.inversion import GradientTarget, head_rows_visible, idlg_labels
@@ -235,6 +242,33 @@ def read_labels(knowledge: Knowledge, layer: str, u: torch.Tensor, d: torch.Tens
     return [int(c) for c in err.argmin(dim=1)]
 
 
+class Sampler:
+    """SPEAR's proposals each round: `samples` uniform subsets of B - 1 rows, and where the estimate runs, its
+    steps and the subsets among the rows it predicts off (samples it already covers left out); returns the
+    estimate's directions for the selection to fill a short pool with. Never exhausted: the rounds bound it."""
+
+    exhausted = False
+
+    def __init__(self, attack: "SPEAR", f: ss.Factors, w: torch.Tensor, bias: torch.Tensor, est: Estimate | None,
+                 gen: torch.Generator) -> None:
+        self.attack, self.f, self.w, self.bias, self.est, self.gen = attack, f, w, bias, est, gen
+        self.p = torch.randn(f.L.shape[1], f.L.shape[1], generator=gen, dtype=torch.float64) * 0.3
+
+    def propose(self, pool: ss.Pool, round_: int) -> torch.Tensor | None:
+        a, f, batch = self.attack, self.f, self.f.L.shape[1]
+        if a.samples:
+            pool.add(f, ss.uniform_subsets(len(f.rows), batch, a.samples, self.gen))
+        if self.est is None:
+            return None
+        owner = cover(self.p, f, self.w, self.bias, pool, pool.trusted(f) if round_ > 1 else [])
+        self.p = self.est.run(self.p, a.prior_steps * (2 if round_ == 1 else 1), a.prior_lr)
+        if not torch.isfinite(self.p).all():
+            self.p = torch.randn(batch, batch, generator=self.gen, dtype=torch.float64) * 0.3
+        pre = ((self.p @ f.R) @ self.w.T + self.bias)[:, f.rows]
+        pool.add(f, *ss.guided_subsets(pre, batch, a.per_row, self.gen, skip=set(owner.values())))
+        return torch.linalg.pinv(self.p)
+
+
 # ------------------------------------------------------------------------------------------ the attack
 
 @ATTACKS.register("spear", "SPEAR: exact batch inputs from the low-rank, ReLU-sparse gradient of a linear layer "
@@ -246,7 +280,8 @@ class SPEAR(Attack):
     # rounds: up to 30 sampling rounds, stopping once the selection is exact; at B = 32 on the digits MLP's 256
     # units, batches need 13-17 rounds, so 12 left the outcome to the gradient's last bits
     def __init__(self, samples: int = 2000, rounds: int = 30, prior_steps: int = 300, prior_lr: float = 0.05,
-                 per_row: int = 64, extra_zeros: int = 4, min_sparsity: float = 0.25, chance: bool = True) -> None:
+                 per_row: int = 64, extra_zeros: int = 4, min_sparsity: float = 0.25, chance: bool = True,
+                 complete: bool = True) -> None:
         if samples < 0 or rounds < 1 or prior_steps < 0 or per_row < 0 or extra_zeros < 1 or not prior_lr > 0:
             raise ValueError("spear needs samples, prior_steps, per_row >= 0, rounds, extra_zeros >= 1, prior_lr > 0")
         if not 0 <= min_sparsity < 1:
@@ -254,9 +289,11 @@ class SPEAR(Attack):
         if samples == 0 and (prior_steps == 0 or per_row == 0):
             raise ValueError("spear draws no subset: set samples > 0, or prior_steps and per_row > 0")
         super().__init__(samples=samples, rounds=rounds, prior_steps=prior_steps, prior_lr=prior_lr,
-                         per_row=per_row, extra_zeros=extra_zeros, min_sparsity=min_sparsity, chance=chance)
+                         per_row=per_row, extra_zeros=extra_zeros, min_sparsity=min_sparsity, chance=chance,
+                         complete=complete)
         self.samples, self.rounds, self.prior_steps, self.prior_lr = samples, rounds, prior_steps, prior_lr
         self.per_row, self.extra_zeros, self.min_sparsity, self.chance = per_row, extra_zeros, min_sparsity, chance
+        self.complete = complete
 
     def applicable(self, setting: Setting) -> str | None:
         if setting.knowledge.task != "classification":
@@ -294,37 +331,36 @@ class SPEAR(Attack):
             torch.full_like(bias, float("nan"))
         f = ss.decompose(g, batch, noise=resid)
         if len(f.rows) <= batch:
-            raise RuntimeError(f"SPEAR: only {len(f.rows)} units of layer '{layer}' are active for this batch of "
-                               f"{batch}; the rank-B factorization needs more than B")
+            raise RuntimeError(f"{type(self).__name__}: only {len(f.rows)} units of layer '{layer}' are active for "
+                               f"this batch of {batch}; the rank-B factorization needs more than B")
         f = replace(f, rows=rows[f.rows])
         w = weight[:, cols]
         gen = torch.Generator().manual_seed(seed)
         extra = max(self.extra_zeros, ss.chance_zeros(f, batch, gen) + 2 if self.chance else 0)
         pool = ss.Pool(batch, max(batch - 1 + extra, int(np.ceil(self.min_sparsity * len(f.rows)))))
-        est = Estimate(view, knowledge, layer, f, cols, weight.shape[1]) \
-            if self.prior_steps and self.per_row and knows_tail(knowledge, layer) else None
-        p = torch.randn(batch, batch, generator=gen, dtype=torch.float64) * 0.3
+        proposer = self.proposer(view, knowledge, layer, f, cols, weight.shape[1], w, bias, gen)
         best, rounds = None, 0
         for rounds in range(1, self.rounds + 1):
-            if self.samples:
-                pool.add(f, ss.uniform_subsets(len(f.rows), batch, self.samples, gen))
-            if est is not None:
-                trusted = pool.trusted(f) if rounds > 1 else []
-                owner = cover(p, f, w, bias, pool, trusted)
-                steps = self.prior_steps * (2 if rounds == 1 else 1)
-                p = est.run(p, steps, self.prior_lr)
-                if not torch.isfinite(p).all():
-                    p = torch.randn(batch, batch, generator=gen, dtype=torch.float64) * 0.3
-                pre = ((p @ f.R) @ w.T + bias)[:, f.rows]
-                pool.add(f, *ss.guided_subsets(pre, batch, self.per_row, gen, skip=set(owner.values())))
+            fill = proposer.propose(pool, rounds)
             pool.add_planes(f)
             pool.prune(f, spare=batch)
-            best = sp.select(f, pool, bias_grad, w, bias, torch.linalg.pinv(p) if est is not None else None)
-            if sp.exact(f, best.score) and -1 not in best.chosen:
+            best = sp.select(f, pool, bias_grad, w, bias, fill)
+            if not sp.exact(f, best.score) and self.complete:
+                best = sc.last_directions(f, pool, best, bias_grad, w, bias)
+            if (sp.exact(f, best.score) and -1 not in best.chosen) or proposer.exhausted:
                 break
         if not sp.exact(f, best.score):
             best = sp.repair(f, pool, best, bias_grad, w, bias)
+        if not sp.exact(f, best.score) and self.complete:
+            best = sc.last_directions(f, pool, best, bias_grad, w, bias, final=True)
         return self._result(view, knowledge, layer, f, cols, weight.shape[1], best, pool, rounds, resid)
+
+    def proposer(self, view: ServerView, knowledge: Knowledge, layer: str, f: ss.Factors, cols: torch.Tensor,
+                 width: int, w: torch.Tensor, bias: torch.Tensor, gen: torch.Generator) -> "Sampler":
+        """What proposes candidate directions each round: SPEAR's sampling (SPEAR++ overrides it)."""
+        est = Estimate(view, knowledge, layer, f, cols, width) \
+            if self.prior_steps and self.per_row and knows_tail(knowledge, layer) else None
+        return Sampler(self, f, w, bias, est, gen)
 
     def _result(self, view: ServerView, knowledge: Knowledge, layer: str, f: ss.Factors, cols: torch.Tensor, width: int,
                 best: sp.Selection, pool: ss.Pool, rounds: int, resid: float) -> Reconstruction:

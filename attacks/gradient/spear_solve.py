@@ -130,7 +130,9 @@ def polish(f: Factors, q: torch.Tensor, unique: float = 1e-3) -> tuple[torch.Ten
             return None
         sv = torch.linalg.svd(f.unit[rows])
         d = sv.Vh[-1]
-        if float(((f.unit[rows] @ d).abs() / f.tol[rows]).max()) >= 1.0 or float(sv.S[-2]) < unique * float(sv.S[0]):
+        second = q.shape[0] - 2           # the (B-1)-th singular value: zero where the kernel is a plane or more
+        if float(((f.unit[rows] @ d).abs() / f.tol[rows]).max()) >= 1.0 or \
+                (second >= 0 and float(sv.S[second]) < unique * float(sv.S[0])):
             return None
         q = d
     return q, int(((f.unit @ q).abs() < f.tol).sum())
