@@ -97,9 +97,11 @@ def _diverged(recs: list[dict[str, Any]]) -> str:
     return f"training diverged in {hit['scenario']} ({diverged_text(hit)})" if hit else ""
 
 
-def _pairs(recs: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """The track's cells a row owes: every (scenario, attack) that ran there for any row."""
-    return list(dict.fromkeys((r["scenario"], attack_label(r)) for r in recs))
+def _pairs(recs: list[dict[str, Any]], planned: dict[str, list[str]], scenarios: list[str]) -> list[tuple[str, str]]:
+    """The track's cells a row owes: every (scenario, attack) the suite plans there (its page info; a scenario no
+    row has run yet still counts), and every one that ran there for any row."""
+    return list(dict.fromkeys([(s, a) for s in scenarios for a in planned.get(s, ())] +
+                              [(r["scenario"], attack_label(r)) for r in recs]))
 
 
 def track_table(name: str, track: dict[str, Any], records: list[dict[str, Any]], info: dict[str, Any],
@@ -111,7 +113,7 @@ def track_table(name: str, track: dict[str, Any], records: list[dict[str, Any]],
     column_of, columns = columns_for(recs)
     cal = {s: calibrate([r for r in recs if r["scenario"] == s], attack_label) for s in track["scenarios"]}
     na = info.get("not_applicable") or {}
-    pairs = _pairs(recs)
+    pairs = _pairs(recs, info.get("planned") or {}, track["scenarios"])
     present = list(dict.fromkeys((c["family"], c["stage"]) for c in columns))
     order = GRID_FAMILIES + tuple(f for f, _ in present if f not in GRID_FAMILIES)
     present.sort(key=lambda p: (order.index(p[0]), STAGES.index(p[1])))

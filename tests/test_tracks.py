@@ -139,6 +139,18 @@ def test_the_summary_never_reads_utility_outside_the_rows_track_and_never_ranks_
     assert one["plaintext"] == {"metric": "accuracy", "value": 0.9, "central": {"value": 0.95, "source": "a test"}}
 
 
+def test_a_planned_scenario_no_row_has_run_counts_against_every_row():
+    """Track one plans p2 (page info `planned`), where nothing has run yet: no row of it is complete or ranked."""
+    info = {**INFO, "tracks": [{**INFO["tracks"][0], "scenarios": ["u1", "p1", "p2"]}, INFO["tracks"][1]],
+            "planned": {"u1": ["ilrg"], "p1": ["idlg"], "p2": ["idlg"]}}
+    one = summarize("core", records(), info)["tracks"][0]
+    rows = {r["defense"]: r for r in one["rows"] if not r["na"]}
+    assert rows["plain"]["coverage"] == [2, 3] and rows["x"]["coverage"] == [2, 3]
+    assert all(r["rank"] is None for r in rows.values())
+    full = summarize("core", records(), {**INFO, "planned": {"u1": ["ilrg"], "p1": ["idlg"]}})["tracks"][0]
+    assert {r["defense"]: r["coverage"] for r in full["rows"]}["plain"] == [2, 2]
+
+
 def test_a_paillier_row_shows_its_extrapolated_cost_marked_as_such():
     recs = records()
     for r in recs:

@@ -100,8 +100,20 @@ class Suite:
                 "paper": list(self.paper),
                 "untrained": [n for n, (ref, trains) in role.items() if ref and not trains],
                 "not_applicable": na, "chance": dict(self.chance), "tracks": list(self.tracks),
+                "planned": self.planned(),
                 "privacy_only": dict(self.privacy_only),
                 **({"extends": self.extends, "added": list(self.added)} if self.extends else {})}
+
+    def planned(self) -> dict[str, list[str]]:
+        """Each scenario's attacks as records label them: the cells a row owes its track, whether or not any row
+        has run them yet (a scenario nobody ran must still count against every row's coverage)."""
+        from bench.evaluation.schema import attack_label
+
+        out: dict[str, dict[str, None]] = {}
+        for c in self.cells:
+            rec = {"attack": c.attack.name, "attack_params": c.attack.params, "scenario": c.scenario.name}
+            out.setdefault(c.scenario.name, {})[attack_label(rec)] = None
+        return {s: list(a) for s, a in out.items()}
 
     @property
     def scenarios(self) -> list[Scenario]:
