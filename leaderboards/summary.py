@@ -183,8 +183,9 @@ def track_table(name: str, track: dict[str, Any], records: list[dict[str, Any]],
                      "show": {k: any(r[k] is not None for r in ranked) for k in ("utility", "he", "epsilon")},
                      "plain_href": href(plain) if plain else None, "records": recs,
                      "ranked": sum(r["rank"] is not None for r in ranked),
-                     "scenario_links": [{"name": s, "href": site_href(name, fragment=_anchor(records, s))}
-                                        for s in track["scenarios"]]}}
+                     "scenario_links": [{"name": s, "href": site_href(name, fragment=_anchor(records, s))
+                                         if any(r["scenario"] == s for r in records) else None}
+                                        for s in track["scenarios"]]}}   # no section yet: no link
 
 
 def _anchor(records: list[dict[str, Any]], scenario: str) -> str:

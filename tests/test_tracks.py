@@ -147,6 +147,8 @@ def test_a_planned_scenario_no_row_has_run_counts_against_every_row():
     rows = {r["defense"]: r for r in one["rows"] if not r["na"]}
     assert rows["plain"]["coverage"] == [2, 3] and rows["x"]["coverage"] == [2, 3]
     assert all(r["rank"] is None for r in rows.values())
+    links = {link["name"]: link["href"] for link in one["view"]["scenario_links"]}
+    assert links["p2"] is None and links["u1"] and links["p1"]   # no section on the suite page yet: no link to it
     full = summarize("core", records(), {**INFO, "planned": {"u1": ["ilrg"], "p1": ["idlg"]}})["tracks"][0]
     assert {r["defense"]: r["coverage"] for r in full["rows"]}["plain"] == [2, 2]
 
