@@ -30,6 +30,7 @@ import difflib
 from typing import Any
 
 from bench.evaluation.formats import is_number
+from bench.evaluation.schema import attack_label
 
 KEYS = ("name", "setting", "scenarios", "utility", "privacy_only", "central", "notes")
 LONGEST = 300   # characters of a one-line text (a setting, a note, a source)
@@ -130,3 +131,13 @@ def note_for(track: dict[str, Any], name: str, label: str) -> str | None:
     """The track's note on a row: by its full label, else by its defense's name."""
     notes = track.get("notes") or {}
     return notes.get(label) or notes.get(name) or None
+
+
+def planned(cells: list[Any]) -> dict[str, list[str]]:
+    """Each scenario's attacks as records label them: the cells a row owes its track, whether or not any row has
+    run them yet (a scenario nobody ran must still count against every row's coverage)."""
+    out: dict[str, dict[str, None]] = {}
+    for c in cells:
+        rec = {"attack": c.attack.name, "attack_params": c.attack.params, "scenario": c.scenario.name}
+        out.setdefault(c.scenario.name, {})[attack_label(rec)] = None
+    return {s: list(a) for s, a in out.items()}

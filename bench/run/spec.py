@@ -89,6 +89,7 @@ class Suite:
     def page_info(self) -> dict[str, Any]:
         """What a page needs beside the records: the notes, and the facts verdicts are judged against (which rows
         are untrained, the n/a grid points, chance accuracy; which row is undefended each record says itself)."""
+        from bench.evaluation.tracks import planned
         from bench.registry import DEFENSES
 
         names = sorted({c.defense.name for c in self.cells} | {d for _, d, _ in self.not_applicable})
@@ -100,20 +101,9 @@ class Suite:
                 "paper": list(self.paper),
                 "untrained": [n for n, (ref, trains) in role.items() if ref and not trains],
                 "not_applicable": na, "chance": dict(self.chance), "tracks": list(self.tracks),
-                "planned": self.planned(),
+                "planned": planned(self.cells),
                 "privacy_only": dict(self.privacy_only),
                 **({"extends": self.extends, "added": list(self.added)} if self.extends else {})}
-
-    def planned(self) -> dict[str, list[str]]:
-        """Each scenario's attacks as records label them: the cells a row owes its track, whether or not any row
-        has run them yet (a scenario nobody ran must still count against every row's coverage)."""
-        from bench.evaluation.schema import attack_label
-
-        out: dict[str, dict[str, None]] = {}
-        for c in self.cells:
-            rec = {"attack": c.attack.name, "attack_params": c.attack.params, "scenario": c.scenario.name}
-            out.setdefault(c.scenario.name, {})[attack_label(rec)] = None
-        return {s: list(a) for s, a in out.items()}
 
     @property
     def scenarios(self) -> list[Scenario]:
