@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
+from bench.crypto.parallel import usable_cores
 from bench.registry import METRICS
 
 # wall-clock values kept in a record's details; a Paillier slice's seconds per value (details.paillier_slice.per_value
@@ -46,12 +47,14 @@ def comparable(path) -> list[dict]:
     return sorted(records, key=lambda r: r["cell_id"])
 
 
-def run_twice(suite: str, tmp_path, only: list[str] | None = None, first: Path | None = None
-              ) -> tuple[list[dict], list[dict]]:
-    """Two runs of the suite (its `only` cells); `first`: a finished run of the same suite to stand for the first."""
+def run_twice(suite: str, tmp_path, only: list[str] | None = None, first: Path | None = None,
+              workers: int | None = None) -> tuple[list[dict], list[dict]]:
+    """Two runs of the suite (its `only` cells); `first`: a finished run of the same suite to stand for the first,
+    computed with the same `workers` (the thread count a group gets decides its last bits)."""
     outs = [first or tmp_path / "a", tmp_path / "b"]
     for out in outs[1:] if first else outs:
-        assert main(["run", suite, "--out", str(out), *(["--only", *only] if only else [])]) == 0
+        assert main(["run", suite, "--out", str(out), *(["--only", *only] if only else []),
+                     *(["--workers", str(workers)] if workers else [])]) == 0
     return comparable(outs[0] / "results.json"), comparable(outs[1] / "results.json")
 
 
@@ -104,9 +107,10 @@ def test_ckks_defenses_reproduce_over_rounds(tmp_path):
 @pytest.mark.parametrize("suite", ["default", "selectiveshield-paper"])
 def test_committed_suite_reproduces(suite, tmp_path):
     """LEAKBENCH_FIRST_RUN_DEFAULT: an output folder of `leakbench run default` (CI's `make demo`) that stands for the
-    first run of the default suite, so CI computes it twice, not three times."""
+    first run of the default suite, so CI computes it twice, not three times. Both runs as `make demo` runs: one
+    worker per core, one torch thread each."""
     first = os.environ.get("LEAKBENCH_FIRST_RUN_DEFAULT") if suite == "default" else None
-    assert_same(*run_twice(suite, tmp_path, first=Path(first) if first else None))
+    assert_same(*run_twice(suite, tmp_path, first=Path(first) if first else None, workers=usable_cores()))
 
 
 # One cheap cell of a paper suite: SelectiveShield (noise off) on MNIST's MLP, one round of 20 clients, iLRG on
