@@ -59,7 +59,7 @@ def _family_cell(mine: list[tuple[dict, dict]], key: str, shown, banded: list[st
     if ok:
         pick = min if shown.lower_is_better is False else max
         entry, rec = pick(ok, key=lambda er: er[1]["metrics"][key])
-        verdict = worst([band(m, r["metrics"].get(m), schema[m].lower_is_better, r["details"])
+        verdict = worst([band(m, r["metrics"].get(m), schema[m].lower_is_better, r["details"], r["metrics"])
                          for m in banded for _, r in mine if r["status"] == "ok"])
         return {"text": number(rec["metrics"][key], shown.unit, shown.fmt), "sort": rec["metrics"][key],
                 "verdict": verdict, "by": rec["attack"], "by_full": attack_label(rec), **_where(entry, rec)}

@@ -221,7 +221,7 @@ def _row(dlabel: str, mine: list[dict[str, Any]], groups: list[Group], reported,
                 mine_cells.append(C.strongest_cell(c, schema[c.key], relevant, attack_label, notes))
                 subject = SUBJECT.get(BANDS[c.key].words) if c.key in BANDS else None
                 for r in relevant:
-                    verdict = (band(c.key, r["metrics"].get(c.key), c.lower_is_better, r["details"])
+                    verdict = (band(c.key, r["metrics"].get(c.key), c.lower_is_better, r["details"], r["metrics"])
                                if r["status"] == "ok" else BLOCKED if r["status"] == "blocked" else None)
                     if subject:
                         by_family.setdefault(subject, []).append(verdict)

@@ -272,3 +272,13 @@ def test_site_keeps_the_runs_chance_accuracy_of_scenarios_whose_data_is_absent(t
            {"alpha": {"chance": {"s": 0.1, "absent-here": 0.5}}}, tmp_path / "alpha")
     info = page_info("alpha", tmp_path / "alpha", lambda suite: {"chance": {"s": 0.25}, "notes": "n"})
     assert info["chance"] == {"s": 0.25, "absent-here": 0.5} and info["notes"] == "n"
+
+
+def test_recovered_needs_the_batch_whole_in_nine_draws_of_ten():
+    """A mean PSNR far above 30 dB from 7 exact batches of 10 breaks the setting on some draws only: partly."""
+    seven = band("psnr", 75.9, True, {}, {"batch_recovered": 0.7})
+    assert seven.level == "partial" and "batch_recovered 0.7" in seven.why
+    assert band("psnr", 75.9, True, {}, {"batch_recovered": 0.9}).level == "leak"
+    assert band("ssim", 0.95, True, {}, {"batch_recovered": 0.5}).level == "partial"
+    assert band("psnr", 75.9, True).level == "leak"                 # no count of draws: the value alone
+    assert band("psnr", 12.0, True, {}, {"batch_recovered": 0.0}).level == "resisted"

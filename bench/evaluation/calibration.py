@@ -42,7 +42,8 @@ def record_verdict(rec: dict[str, Any], schema):
     keys = [k for k in rec["metrics"] if k in BANDS and k in schema]
     words = FAMILY_BANDS.get(family(rec).removesuffix(MALICIOUS))
     own = [k for k in keys if BANDS[k].words == words]
-    return worst([band(k, rec["metrics"][k], schema[k].lower_is_better, rec["details"]) for k in own or keys])
+    return worst([band(k, rec["metrics"][k], schema[k].lower_is_better, rec["details"], rec["metrics"])
+                  for k in own or keys])
 
 
 def calibrate(records: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> dict[str, Calibration]:

@@ -20,6 +20,9 @@ Images (PSNR in dB on [0, 1] images, SSIM, LPIPS):
   and Sun et al. ("Privacy Assessment on Reconstructed Images: Are Existing Evaluation Metrics Faithful
   to Human Perception?", NeurIPS 2023) find PSNR and SSIM only weakly tied to whether a person
   recognises the image, so the middle band says "look at the thumbnails", never "safe".
+- recovered also needs a rate: where the record counts the share of its draws (batches, seeds) recovered whole
+  (`batch_recovered`: every image of the batch at 30 dB or more), that share must reach 90 %. An attack that
+  returns 7 batches of 10 exactly averages far above 30 dB yet breaks the setting only on some draws: partly.
 Text (recovered sentences matched to the batch's as the metrics match them):
 - recovered at exact match >= 0.5 or ROUGE-1 >= 0.9; partly recovered when any sentence is exact
   (exact match > 0) or ROUGE-1 >= 0.5. DAGER (Petrov et al., NeurIPS 2024) and LAMP (Balunovic et al.,
@@ -60,6 +63,10 @@ class Band:
     fold: float | None = None   # a value on the wrong side of `fold` is read mirrored (AUROC < 0.5)
     chance: float | None = None  # a stored interval containing this value reads as resisted
     support: tuple[str, int] | None = None   # (details count, minimum): fewer gives no opinion
+    rate: str | None = None     # the metric with the share of draws recovered whole: under RATE, "leak" reads partial
+
+
+RATE = 0.9   # the share of draws an attack must break whole for "recovered" (a setting, not a lucky draw)
 
 
 IMAGE = ("image recovered", "image partly recovered", "image not recovered")
@@ -68,9 +75,9 @@ MEMBERSHIP = ("membership exposed", "membership signal", "membership near chance
 LABELS = ("labels recovered", "labels partly recovered", "labels not recovered")
 
 BANDS: dict[str, Band] = {
-    "psnr": Band(30.0, 18.0, IMAGE),
-    "ssim": Band(0.9, 0.5, IMAGE),
-    "lpips": Band(0.1, 0.3, IMAGE),
+    "psnr": Band(30.0, 18.0, IMAGE, rate="batch_recovered"),
+    "ssim": Band(0.9, 0.5, IMAGE, rate="batch_recovered"),
+    "lpips": Band(0.1, 0.3, IMAGE, rate="batch_recovered"),
     "exact_match": Band(0.5, 1e-9, TEXT),
     "rouge1": Band(0.9, 0.5, TEXT),
     "token_f1": Band(math.inf, 0.5, TEXT),   # no order: never "recovered"
@@ -95,10 +102,11 @@ class Verdict:
 NONE = Verdict("", "no band", "no metric with a verdict band was measured")
 
 
-def band(metric: str, value: Any, lower_is_better: bool | None, details: dict[str, Any] | None = None
-         ) -> Verdict | None:
+def band(metric: str, value: Any, lower_is_better: bool | None, details: dict[str, Any] | None = None,
+         metrics: dict[str, Any] | None = None) -> Verdict | None:
     """The band of one worst-case value, or None when the metric has no band or no opinion there. `details`
-    are the record's: its stored interval (`<metric>_ci95`) and the counts a band needs."""
+    are the record's: its stored interval (`<metric>_ci95`) and the counts a band needs; `metrics` the record's
+    other values (the share of draws recovered whole that "leak" needs)."""
     spec = BANDS.get(metric)
     if spec is None or not is_number(value) or lower_is_better is None:
         return None
@@ -117,6 +125,10 @@ def band(metric: str, value: Any, lower_is_better: bool | None, details: dict[st
     def beyond(cut: float) -> bool:   # toward the attacker: up when lower is better for the client
         return v >= cut if lower_is_better else v <= cut
 
+    rate = (metrics or {}).get(spec.rate) if spec.rate else None
+    if beyond(spec.leak) and is_number(rate) and float(rate) < RATE:
+        return Verdict("partial", spec.words[1], f"{metric} {value:.3g}, but {spec.rate} {float(rate):.2g} of the "
+                                                 f"draws (under {RATE:.0%})")
     if beyond(spec.leak):
         return Verdict("leak", spec.words[0], f"{metric} {value:.3g}")
     if spec.partial is None:

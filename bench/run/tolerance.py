@@ -192,7 +192,8 @@ def verdicts(stored: dict[str, Any], fresh: dict[str, Any]) -> list[Difference]:
         return [Difference("metric schema", "as stored", str(err), "the same reading")]
     out = []
     for name in sorted(k for k in set(stored["metrics"]) | set(fresh["metrics"]) if k in BANDS and k in schema):
-        levels = [getattr(band(name, r["metrics"].get(name), schema[name].lower_is_better, r["details"]), "level", "")
+        levels = [getattr(band(name, r["metrics"].get(name), schema[name].lower_is_better, r["details"],
+                                    r["metrics"]), "level", "")
                   for r in (stored, fresh)]
         if levels[0] != levels[1]:
             out.append(Difference(f"band of {name}", levels[0] or "no opinion", levels[1] or "no opinion",
