@@ -132,16 +132,15 @@ def improve(f: Factors, q: torch.Tensor, chosen: list[int], options: list[tuple[
 
 def swaps(f: Factors, q: torch.Tensor, chosen: list[int], options, doubtful: list[int], bias_grad, weight,
           bias) -> tuple[torch.Tensor, list[int], float]:
-    """`improve` in the `doubtful` columns (untrusted or filled in); then in every column, kept only where that
-    reaches an exact score. With several wrong columns the score is no guide to which are wrong: a mix contaminates
-    the inputs of every sample in it, and swapping a trusted column for another mix can raise the score (measured on
-    a Fashion-MNIST batch of 32: swaps traded 3 to 5 of the 30 true columns for mixes). `options(taken)` lists the
-    (label, direction) options given the chosen labels."""
-    q, chosen, score = improve(f, q, chosen, options(chosen), doubtful, bias_grad, weight, bias)
-    if exact(f, score):
-        return q, chosen, score
-    wide = improve(f, q, chosen, options(chosen), list(range(q.shape[1])), bias_grad, weight, bias)
-    return wide if exact(f, wide[2]) else (q, chosen, score)
+    """`improve` in every column, kept where it reaches an exact score; else `improve` in the `doubtful` columns
+    (untrusted or filled in) alone. With several wrong columns the score is no guide to which are wrong: a mix
+    contaminates the inputs of every sample in it, and swapping a trusted column for another mix can raise the
+    score (measured on a Fashion-MNIST batch of 32: swaps traded 3 to 5 of the 30 true columns for mixes, where the
+    completion finds the last two once the 30 are kept). `options` lists the (label, direction) options."""
+    wide = improve(f, q, chosen, options, list(range(q.shape[1])), bias_grad, weight, bias)
+    if exact(f, wide[2]):
+        return wide
+    return improve(f, q, chosen, options, doubtful, bias_grad, weight, bias)
 
 
 def select(f: Factors, pool: Pool, bias_grad, weight, bias, fill: torch.Tensor | None = None,
@@ -172,8 +171,8 @@ def select(f: Factors, pool: Pool, bias_grad, weight, bias, fill: torch.Tensor |
         chosen.append(-1)
     q = torch.stack(cols, 1)
     doubtful = [p for p, i in enumerate(chosen) if i < 0 or i not in trusted]
-    q, chosen, _ = swaps(f, q, chosen, lambda taken: [(i, pool.q[i]) for i in order[:swap_pool] if i not in taken],
-                         doubtful, bias_grad, weight, bias)
+    spare = [(i, pool.q[i]) for i in order[:swap_pool] if i not in chosen]
+    q, chosen, _ = swaps(f, q, chosen, spare, doubtful, bias_grad, weight, bias)
     s, x, score = _evaluate(f, q, bias_grad, weight, bias)
     return Selection(q, s, x, score, chosen)
 
@@ -197,8 +196,7 @@ def repair(f: Factors, pool: Pool, sel: Selection, bias_grad, weight, bias) -> S
             if found is not None and not any(float((u @ found[0]).abs()) > pool.same for u in tried):
                 tried.append(found[0])
     doubtful = [p for p, i in enumerate(sel.chosen) if i < 0 or i in untrusted]
-    q, chosen, score = swaps(f, sel.q, sel.chosen, lambda taken: [(-2, v) for v in tried], doubtful, bias_grad,
-                             weight, bias)
+    q, chosen, score = swaps(f, sel.q, sel.chosen, [(-2, v) for v in tried], doubtful, bias_grad, weight, bias)
     if score <= sel.score:
         return sel
     s, x, score = _evaluate(f, q, bias_grad, weight, bias)
