@@ -123,6 +123,33 @@ def test_the_greedy_selection_is_exact_and_needs_its_score():
     assert not sp.exact(f, greedy_only.score)
 
 
+def test_swaps_give_up_a_true_column_only_for_an_exact_selection():
+    """Two columns hold mixes (samples 0 and 2, each with sample 1): swapping in every column raises the score by
+    trading the true column of sample 1 for another mix, and the selection is still not exact. `swaps` keeps the
+    true columns then, and completes the selection where the missing samples are among the options."""
+    t = _target()
+    f, pool, truth = _pool(t)
+    weight, bias = (t.knowledge.global_params[f"1.{k}"] for k in ("weight", "bias"))
+    bias_grad = t.knowledge.gradient(t.view, "1.bias")
+    batch = truth.shape[1]
+
+    def mix(i, j, a=1.0):
+        return torch.nn.functional.normalize(truth[:, i] + a * truth[:, j], dim=0)
+
+    options = [(-2, mix(i, j, a)) for i in range(batch) for j in range(batch) if i != j for a in (0.5, 1.0, 2.0)]
+    q = truth.clone()
+    q[:, 0], q[:, 2] = mix(0, 1), mix(2, 1)
+    chosen = [-1, 1, -1, 3, 4, 5]
+    kept = [1, 3, 4, 5]
+    wide = sp.improve(f, q, chosen, options, list(range(batch)), bias_grad, weight, bias)
+    assert not sp.exact(f, wide[2]) and not torch.equal(wide[0][:, kept], truth[:, kept])   # the hazard
+    q2, _, score = sp.swaps(f, q, chosen, options, [0, 2], bias_grad, weight, bias)
+    assert not sp.exact(f, score) and torch.equal(q2[:, kept], truth[:, kept])
+    q3, _, score = sp.swaps(f, q, chosen, options + [(-2, truth[:, 0]), (-2, truth[:, 2])], [0, 2], bias_grad,
+                            weight, bias)
+    assert sp.exact(f, score)
+
+
 def _order(rec: torch.Tensor, x: torch.Tensor) -> list[int]:
     return [int((rec - x[i]).norm(dim=1).argmin()) for i in range(len(x))]
 
