@@ -96,6 +96,10 @@ def test_user_level_dp_is_na_below_its_declared_cohort_and_applies_above_it():
         parse_suite({"name": "dp", "scenarios": scenarios[:1], "attacks": [{"name": "ilrg"}],
                      "defenses": [{"name": "dp-fedavg", "params": {"noise_multiplier": 1.0, "min_cohort": 0}}]})
 
+    narrowed = preflight(parse_suite({"name": "dp", "scenarios": scenarios, "attacks": [{"name": "ilrg"}],
+                                      "defenses": [{"name": "plaintext"}, ruled]}), None, only="many/*")
+    assert list(narrowed.page_info()["not_applicable"]) == ["few"] and not narrowed.unchecked   # judged, not run
+    assert {c.scenario.name for c in narrowed.cells} == {"few", "many"}
 
 # Two tracks on hand-built records. Defense "x" trains in both utility scenarios, to different accuracies; "y" has
 # no record in track two's utility scenario, and "z" lacks one cell of track one.

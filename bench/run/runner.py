@@ -202,9 +202,9 @@ def reusable(store: Store, cells: list[Cell], current: Callable[[dict[str, Any]]
 
 
 def membership(suite: Suite, stored: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """The suite's cell ids and page info. Scenarios the load-time checks skipped (--only selected none of
-    their cells) keep what the stored page info says of them: their n/a grid points (left out of the
-    membership) and chance accuracy."""
+    """The suite's cell ids and page info. Scenarios the load-time checks could not judge (--only selected none
+    of their cells and their files are not here) keep what the stored page info says of them: their n/a grid
+    points (left out of the membership) and chance accuracy."""
     info = suite.page_info()
     skipped = set(suite.unchecked)
     if skipped:
