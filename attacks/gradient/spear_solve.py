@@ -21,7 +21,10 @@ function:
    (`Pool`).
 4. Greedy selection (`select`): candidates by sparsity, each kept if it is independent of those kept, until B;
    then swaps that raise the sparsity-matching score (`consistency`: the share of entries where D is zero
-   exactly where the reconstructed X switches the neuron off), as the paper's two greedy stages.
+   exactly where the reconstructed X switches the neuron off), as the paper's two greedy stages, with a guard
+   the paper does not have (`swaps`): swaps across every column are kept only where they make the selection
+   exact, else only the untrusted or filled-in columns are swapped, since with several wrong columns the score
+   does not tell which are wrong.
 5. Scale (`scales`): the bias gradient is D 1 = L Q_unit s, solved for s; then X = (Q_unit diag(s))^{-1} R.
    Where the bias gradient is hidden, each input's scale is bounded by the ReLU pattern (`sign_scales`).
 
