@@ -55,3 +55,28 @@ def test_a_large_set_gradient_sums_chunks_weighted_by_tokens(data_root):
     for name in fed.names:
         torch.testing.assert_close(chunked[name], params[name].grad, rtol=1e-5, atol=1e-7)
     assert any(chunked[n].abs().sum() > 0 for n in fed.names)
+
+
+def test_a_classifier_drops_padding_columns_and_computes_the_same_logits():
+    """Columns that are padding in every row change no class logit, so the classifier skips them: same logits,
+    same gradients, a shorter forward pass."""
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from bench.models.text import TextModel
+    torch.manual_seed(0)
+    net = GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2,
+                                                   pad_token_id=0, num_labels=2, resid_pdrop=0.0, embd_pdrop=0.0,
+                                                   attn_pdrop=0.0))
+    x = torch.tensor([[5, 6, 7, 0, 0, 0, 0, 0], [8, 9, 0, 0, 0, 0, 0, 0]])
+    widths = []
+    net.transformer.wte.register_forward_hook(lambda m, i, o: widths.append(o.shape[1]))
+    grads = []
+    for classify in (False, True):
+        net.zero_grad()
+        out = TextModel(net, 0, "gpt2", 16, classify=classify)(x)
+        out.sum().backward()
+        grads.append((out.detach(), net.transformer.h[0].attn.c_attn.weight.grad.clone()))
+    assert widths == [8, 3]
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-6)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-6)

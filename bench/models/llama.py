@@ -167,7 +167,8 @@ def smollm2_135m(data: Dataset, weights: str = "", n_positions: int = 0, train_e
         for i, layer in enumerate(net.model.layers):
             layer.requires_grad_(i < train_layers)
     _check_length(data, "smollm2-135m", net.config.max_position_embeddings)
-    return TextModel(net, data.pad_id, "llama", net.config.max_position_embeddings, data.tokenizer)
+    return TextModel(net, data.pad_id, "llama", net.config.max_position_embeddings, data.tokenizer,
+                     data.task != "causal-lm")
 
 
 @MODELS.register("smollm2-135m-lora", "pretrained SmolLM2-135M (as smollm2-135m) with LoRA on the attention "
@@ -204,7 +205,8 @@ def smollm2_135m_lora(data: Dataset, lora_r: int = 256, lora_alpha: int | None =
     if data.task != "causal-lm":
         net.score.weight.requires_grad_(True)
     _check_length(data, "smollm2-135m-lora", net.config.max_position_embeddings)
-    return TextModel(lm, data.pad_id, "llama", net.config.max_position_embeddings, data.tokenizer)
+    return TextModel(lm, data.pad_id, "llama", net.config.max_position_embeddings, data.tokenizer,
+                     data.task != "causal-lm")
 
 
 smollm2_135m.checked_at_load = True        # reading the weights is checked when the suite loads
