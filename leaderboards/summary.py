@@ -22,6 +22,7 @@ The structure built here is what the page renders and, less its presentation (ke
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from bench.evaluation.calibration import calibrate
@@ -104,6 +105,17 @@ def _pairs(recs: list[dict[str, Any]], planned: dict[str, list[str]], scenarios:
                               [(r["scenario"], attack_label(r)) for r in recs]))
 
 
+def merged(reasons: list[str]) -> str:
+    """Reasons a row is n/a in each of a track's scenarios, read once: the words they share, then what differs
+    ("... this scenario samples 4 / 1 / 2")."""
+    distinct = list(dict.fromkeys(reasons))
+    shared = os.path.commonprefix(distinct)
+    shared = shared[:shared.rfind(" ") + 1]
+    if len(distinct) == 1 or len(shared) < 20:
+        return "; ".join(distinct)
+    return shared + " / ".join(r[len(shared):] for r in distinct)
+
+
 def track_table(name: str, track: dict[str, Any], records: list[dict[str, Any]], info: dict[str, Any],
                 labels: list[str], index: int) -> dict[str, Any]:
     """One track's summary over the suite's rows `labels` (records: the whole suite's, verified ones)."""
@@ -135,7 +147,7 @@ def track_table(name: str, track: dict[str, Any], records: list[dict[str, Any]],
         owed = [(s, a) for s, a in pairs if d not in na.get(s, {})]
         done = {(r["scenario"], attack_label(r)) for r in mine if r["status"] in COMPUTED}
         reasons = [na[s][d] for s in track["scenarios"] if d in na.get(s, {})]
-        n_a = "; ".join(dict.fromkeys(reasons)) if len(reasons) == len(track["scenarios"]) else None
+        n_a = merged(reasons) if len(reasons) == len(track["scenarios"]) else None
         run = run_of([r for r in mine if r["scenario"] == u_name]) if u_name else None
         loss = utility_loss(run, plain) if run is not None else None
         eps, adjacency = _epsilon([run] if run else []) if u_name else _epsilon(mine)

@@ -124,6 +124,14 @@ def records():
     return out
 
 
+def test_a_rows_na_reasons_across_scenarios_read_once():
+    from leaderboards.summary import merged
+    rule = "user-level DP needs a cohort of at least 100 clients a round; this scenario samples "
+    assert merged([rule + "4", rule + "1", rule + "4"]) == rule + "4 / 1"
+    assert merged(["needs LoRA adapters", "needs LoRA adapters"]) == "needs LoRA adapters"
+    assert merged(["no adapters", "no cohort"]) == "no adapters; no cohort"
+
+
 def test_the_summary_never_reads_utility_outside_the_rows_track_and_never_ranks_an_incomplete_row():
     summary = summarize("core", records(), INFO)
     one, two = summary["tracks"]
