@@ -80,3 +80,28 @@ def test_a_classifier_drops_padding_columns_and_computes_the_same_logits():
     assert widths == [8, 3]
     assert torch.allclose(grads[0][0], grads[1][0], atol=1e-6)
     assert torch.allclose(grads[0][1], grads[1][1], atol=1e-6)
+
+
+def test_a_gradient_over_many_sequences_is_taken_a_chunk_at_a_time_and_equals_the_whole_batchs():
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from bench.models import text
+    torch.manual_seed(0)
+    net = GPT2ForSequenceClassification(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2,
+                                                   pad_token_id=0, num_labels=2, resid_pdrop=0.0, embd_pdrop=0.0,
+                                                   attn_pdrop=0.0))
+    x = torch.randint(1, 50, (2 * text.GRAD_CHUNK + 5, 6))
+    model = text.TextModel(net, 0, "gpt2", 16, classify=True)
+    calls = []
+    net.transformer.wte.register_forward_hook(lambda m, i, o: calls.append(len(o)))
+    model(x).sum().backward()
+    chunked = net.score.weight.grad.clone()
+    assert calls[:3] == [text.GRAD_CHUNK, text.GRAD_CHUNK, 5]   # then recomputed in the backward pass
+    net.zero_grad()
+    net(input_ids=x).logits.sum().backward()
+    assert torch.allclose(chunked, net.score.weight.grad, atol=1e-5)
+    with torch.no_grad():
+        calls.clear()
+        model(x)
+        assert calls == [len(x)]   # no gradient: one pass

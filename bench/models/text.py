@@ -32,12 +32,14 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from bench.data.loading import Dataset, note_data
 from bench.models.checkpoints import Checkpoint
 from bench.registry import MODELS
 
 MINILM_VOCAB = 30522
+GRAD_CHUNK = 32   # sequences a forward pass keeps activations for when a gradient is taken over more
 
 
 class TextModel(nn.Module):
@@ -59,6 +61,15 @@ class TextModel(nn.Module):
         return self.net.config
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and len(x) > GRAD_CHUNK:
+            # a gradient over a client's whole set (selective HE's sensitivity scores): each chunk's activations are
+            # recomputed in the backward pass instead of kept, so memory holds one chunk's (375 SST-2 phrases through
+            # SmolLM2-135M at once held more than 20 GB); every sequence's logits are its own, so nothing else changes
+            return torch.cat([checkpoint(self._logits, x[i:i + GRAD_CHUNK], use_reentrant=False)
+                              for i in range(0, len(x), GRAD_CHUNK)])
+        return self._logits(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
         mask = x != self.pad_id
         if self.classify and mask.any():
             # padding is on the right and masked out, so the columns that are padding in every row change no
