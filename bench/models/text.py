@@ -1,12 +1,12 @@
 """Text model factories: GPT-2-architecture decoders (full fine-tuning or LoRA) and a BERT-family encoder.
 
 Every model takes right-padded token ids (B, T) and masks padding out of attention, so a
-padded position changes neither the loss nor any gradient; a classifier also skips the columns that are padding in
-every row (same logits, a shorter pass: SST-2 batches of 16 fill 33 of 72 positions on average). The task follows the data:
-next-token prediction on causal-LM data, sentence classification on classification data
-(GPT-2 then reads the last non-pad token, as transformers' GPT2ForSequenceClassification
-does). Dropout is 0 so a client's forward pass is deterministic, the setting of the
-gradient-inversion papers (DAGER computes gradients in eval mode).
+padded position changes neither the loss nor any gradient; a classifier also skips the columns
+that are padding in every row (same logits, a shorter pass: SST-2 batches of 16 fill 33 of 72
+positions on average). The task follows the data: next-token prediction on causal-LM data,
+sentence classification on classification data (GPT-2 then reads the last non-pad token, as
+transformers' GPT2ForSequenceClassification does). Dropout is 0 so a client's forward pass is
+deterministic, the setting of the gradient-inversion papers (DAGER computes gradients in eval mode).
 
 - `gpt2`: random init from a transformers GPT2Config (offline), or pretrained weights
   from a local folder (`weights`). As in DAGER's code the sequence-classification head
