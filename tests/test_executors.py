@@ -84,6 +84,14 @@ def _records(out: Path) -> dict[str, dict]:
         store.close()
 
 
+def _whole(records: dict[str, dict]) -> set[str]:
+    """The cells of the groups (scenario, defense) whose both records are stored."""
+    groups: dict[tuple, list] = {}
+    for rec in records.values():
+        groups.setdefault((rec["scenario"], rec["defense"]), []).append(rec)
+    return {r["cell_id"] for recs in groups.values() if len(recs) == 2 for r in recs}
+
+
 def test_a_killed_ray_run_resumes_without_recomputing_finished_cells(ray_session, grid, tmp_path):
     out = tmp_path / "out"
     address = ray_session.get_runtime_context().gcs_address
@@ -92,16 +100,13 @@ def test_a_killed_ray_run_resumes_without_recomputing_finished_cells(ray_session
                                "ray", "--workers", "2", "--ray-address", address], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 180
-    while not ((out / "leakbench.sqlite").exists() and _records(out)):
+    while not ((out / "leakbench.sqlite").exists() and _whole(_records(out))):   # a group's records land one by one
         assert driver.poll() is None and time.time() < deadline, driver.communicate()[1][-2000:]
         time.sleep(0.05)
     os.killpg(driver.pid, signal.SIGKILL)          # the driver dies with groups in flight
     driver.wait()
     before = _records(out)
-    groups: dict[tuple, list] = {}
-    for rec in before.values():
-        groups.setdefault((rec["scenario"], rec["defense"]), []).append(rec)
-    whole = {r["cell_id"] for recs in groups.values() if len(recs) == 2 for r in recs}
+    whole = _whole(before)
     assert whole and len(before) < SEEDS * 4, f"{len(before)} cells stored when the driver was killed"
 
     summary = run_suite(load_suite(str(grid)), out, executor="ray", workers=2)
