@@ -260,7 +260,7 @@ def _pages():
 
 
 def _site(args) -> int:
-    from bench.evaluation.verification import load_report
+    from bench.evaluation.verification import load_report, own_reports
     from bench.verify_cli import outcome_line, verified
     from bench.run.version import staleness
     from leaderboards.site import STANDARD, build_site, check_folders
@@ -274,7 +274,7 @@ def _site(args) -> int:
         raise ValueError(f"--verify {args.verify}: expected a number of sampled cells >= 0")
     date = args.date or today()
     loaded = check_folders(args.root, builtin_page_info, args.standard)
-    verifications = {}
+    verifications = own_reports(loaded, say)   # each folder's DIR/verification.json, verify's pieces
     for path in args.report:   # every report is checked before anything is recomputed or written
         checked = load_report(path, {d.name: records for d, records in loaded})
         verifications[next(d for d, _ in loaded if d.name == checked.folder)] = checked

@@ -33,14 +33,15 @@ def outcome_line(o) -> str:
 
 def verified(directory: Path, records: list, current: Info, pages: Pages, say: Say, data_root: str | None,
              sample: int | None, progress, only: str | None = None, seed: int = 0, tolerance=None, force: bool = False,
-             dry_run: bool = False, workers: int = 1, threads: int | None = None):
-    """`leakbench verify` of one folder: the cells its pages' structure says decide something, plus `sample`, with
-    the plan stated before anything runs and each row's ranks kept; None for a dry run."""
+             dry_run: bool = False, workers: int = 1, threads: int | None = None, done: frozenset = frozenset()):
+    """`leakbench verify` of one folder: the cells its pages' structure says decide something, plus `sample`, less
+    those `done` (a resumed report's), with the plan stated before anything runs and each row's ranks kept; None
+    for a dry run."""
     from bench.evaluation.deciding import deciding_cells
     from bench.run.verify import Tolerance, plan, verify
 
     infos = {s: pages.page_info(s, directory, current) for s in dict.fromkeys(r["suite"] for r in records)}
-    chosen = plan(records, deciding_cells(records, infos), sample, only, seed, force, data_root)
+    chosen = plan(records, deciding_cells(records, infos), sample, only, seed, force, data_root, done)
     say(chosen.summary(str(directory), workers))
     if dry_run:
         for rec, why in chosen.chosen:
@@ -55,13 +56,42 @@ def _label(rec) -> str:
     return f"{rec['scenario']}/{defense_label(rec)}/{attack_label(rec)}"
 
 
+def resumed(report_to: Path | None, directory: Path, records: list, say: Say) -> tuple[dict, ...]:
+    """The outcomes an existing --report FILE already holds for this folder's records as they are (a piece of an
+    earlier run, on any machine), to keep and not recompute: stale ones are planned again (the code may have
+    caught up), those of records since recomputed are left out. Nothing for a new file."""
+    import json
+
+    from bench.evaluation.verification import current_outcomes
+
+    if report_to is None or not report_to.is_file():
+        return ()
+    try:
+        data = json.loads(report_to.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--report '{report_to}' exists and is not a verification report ({err}); pass another "
+                         "path or move it aside") from None
+    checked, dropped = current_outcomes(data, str(report_to), records)
+    if checked.folder != directory.name:
+        raise ValueError(f"--report '{report_to}' is a report of folder {checked.folder!r}, not {directory.name!r}; "
+                         "pass another path")
+    kept = tuple(o for o in checked.outcomes if o["state"] != "stale")
+    say(f"verify: resuming {report_to}: {len(kept)} cell(s) already recomputed are kept"
+        + (f", {dropped} of records since recomputed left out" if dropped else ""))
+    return kept
+
+
 def verify_command(args, current: Info, pages: Pages, say: Say) -> int:
-    """`leakbench verify DIR`: exit 1 when a cell differs, 0 otherwise (stale cells are said, not counted)."""
+    """`leakbench verify DIR`: exit 1 when a cell differs, 0 otherwise (stale cells are said, not counted); with
+    --report FILE the report is rewritten after every cell and a rerun resumes it, so a folder too large for one
+    sitting is verified in pieces."""
+    import datetime
     import json
 
     from bench.models import torch_device
-    from bench.run.verify import Tolerance
+    from bench.run.verify import Tolerance, machine
     from bench.evaluation.exports import load_records
+    from bench.evaluation.verification import Checked
 
     torch_device.use(args.device)
     tolerance = Tolerance.parse(args.tolerance)
@@ -82,8 +112,24 @@ def verify_command(args, current: Info, pages: Pages, say: Say) -> int:
                          "verification.json")
     records = load_records(args.dir)
     directory = (Path(args.dir) if Path(args.dir).is_dir() else Path(args.dir).parent).resolve()
-    report = verified(directory, records, current, pages, say, args.data_root, sample, lambda o: say(outcome_line(o)),
-                      args.only, args.seed, tolerance, args.force, args.dry_run, args.workers, args.threads)
+    earlier = resumed(report_to, directory, records, say) if not args.dry_run else ()
+    here, today, fresh = machine(), datetime.date.today().isoformat(), []
+
+    def write(outcomes: tuple) -> None:
+        if report_to is not None:
+            part = report_to.with_name(report_to.name + ".part")
+            part.write_text(json.dumps(Checked(directory.name, here, today, len(records), outcomes).to_json(),
+                                       indent=1, default=str) + "\n")
+            os.replace(part, report_to)   # a killed run leaves the last whole report, never half of one
+
+    def progress(outcome) -> None:
+        say(outcome_line(outcome))
+        fresh.append(outcome.to_json(here, today))
+        write(earlier + tuple(fresh))
+
+    report = verified(directory, records, current, pages, say, args.data_root, sample, progress, args.only,
+                      args.seed, tolerance, args.force, args.dry_run, args.workers, args.threads,
+                      frozenset(o["cell_id"] for o in earlier))
     if report is None:
         return 0
     p = report.plan
@@ -91,7 +137,10 @@ def verify_command(args, current: Info, pages: Pages, say: Say) -> int:
         f"what its pages show, {p.sampled} drawn with seed {args.seed}): {report.count('reproduced')} reproduced, "
         f"{report.count('differs')} differ, {report.count('stale')} stale; {report.seconds:.1f} s on "
         f"{report.machine}")
+    whole = report.checked(directory.name, earlier)
     if report_to is not None:
-        report_to.write_text(json.dumps(report.checked(directory.name).to_json(), indent=1, default=str) + "\n")
-        say(f"verify {args.dir}: report written to {args.report}")
-    return report.exit_code
+        write(whole.outcomes)
+        say(f"verify {args.dir}: report written to {args.report}" + (
+            f" ({len(whole.outcomes)} cells with the {len(earlier)} resumed: {whole.count('reproduced')} reproduced, "
+            f"{whole.count('differs')} differ, {whole.count('stale')} stale)" if earlier else ""))
+    return 1 if whole.count("differs") else 0

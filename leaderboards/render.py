@@ -145,7 +145,7 @@ def unverified_rows(records: list[dict[str, Any]], schema) -> list[dict[str, Any
 def suite_page(suite: str, records: list[dict[str, Any]], info: dict[str, Any], out: Path,
                stale: dict[str, list[str]] | None = None, checked: Checked | None = None) -> dict[str, Any]:
     """One suite's section; `checked`: what `leakbench verify` reproduced (the reading rule) and where."""
-    reproduced = checked.reproduced if checked is not None else frozenset()
+    reproduced = checked.reproduced if checked is not None else {}
     tables = []
     everything, records = records, [r for r in records if verified(r, reproduced)]
     schema = schema_of(everything)

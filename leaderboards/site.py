@@ -68,7 +68,7 @@ def rerender(directory: str | Path, current: Info | None = None, generated: str 
     marked cell by cell and listed on the page."""
     directory = Path(directory)
     records = load_records(directory) if records is None else records
-    reproduced = checked.reproduced if checked is not None else frozenset()
+    reproduced = checked.reproduced if checked is not None else {}
     suites = list(dict.fromkeys(r["suite"] for r in records))
     infos = {s: page_info(s, directory, current) for s in suites}
     render(records, infos, directory, home="../index.html", generated=generated,
@@ -87,8 +87,14 @@ def checks(records: list[dict[str, Any]], checked: Checked | None) -> dict[str, 
     groups scenarios into tracks adds them up), and where and when `leakbench verify` ran."""
     per = counts(records, checked)
     total = {k: sum(c[k] for c in per.values()) for k in ("cells", "reproduced", "sealed", "unverified")}
-    return {**total, "scenarios": per, "machine": checked.machine if checked else "",
-            "date": checked.date if checked else ""}
+    return {**total, "scenarios": per, "where": checked.where if checked else ""}
+
+
+def track_checks(checks: dict[str, Any], scenarios: list[str]) -> dict[str, Any]:
+    """One track's share of its directory's `checks`: its scenarios' cells added up, and where verify ran."""
+    per = [checks["scenarios"][s] for s in scenarios if s in checks["scenarios"]]
+    return {**{k: sum(c[k] for c in per) for k in ("cells", "reproduced", "sealed", "unverified")},
+            "where": checks["where"]}
 
 
 def check_folders(root: str | Path, current: Info | None = None, standard: str | None = None) -> Loaded:
@@ -140,6 +146,8 @@ def build_site(root: str | Path, current: Info | None = None, generated: str | N
     head = _named(entries, standard)
     core = grid(head["name"], head["records"], head["infos"][standard]) if head else None
     summary = summarize(head["name"], head["records"], head["infos"][standard]) if head else None
+    for track in summary["tracks"] if summary else []:
+        track["checks"] = track_checks(head["checks"], track["scenarios"])
     sweep = _named(entries, FRONTIER)
     html = env().get_template("site.html.j2").render(
         entries=entries, board=board, core=core, summary=summary,

@@ -7,15 +7,22 @@ whose checksum matches, read as its machine wrote it; and "reproduced by verify 
 (bench/run/verify.py). A record that is neither is unverified and judges nothing.
 
 The report `leakbench verify --report FILE` writes, so that a folder checked on one machine can be published from
-another (`leakbench site --report FILE`):
+another (`leakbench site --report FILE`, or kept in the folder as `verification.json`, which `site` reads itself):
 
     {"format": "leakbench-verification/1", "folder": "core", "machine": "...", "date": "YYYY-MM-DD",
      "cells": 553, "outcomes": [{"cell_id", "label", "digest", "state", "chosen", "why", "tolerances",
-                                 "differences", "seconds"}, ...]}
+                                 "differences", "seconds", "machine", "date"}, ...]}
+
+A folder too large to recompute in one sitting is verified in pieces (`--only`, a run stopped and resumed): the
+report is rewritten after every cell, a rerun with the same --report resumes it, and each outcome names the
+machine (with its torch threads) and the date that recomputed it; the top-level machine and date are those of the
+last piece, and an outcome without its own reads as theirs.
 
 It is checked when read like any record file (`check_report`): its fields and their types, and each outcome's
 cell id and digest against the folder's records, so a report of other (or since edited) records marks nothing and
-is refused in one line naming the fault.
+is refused in one line naming the fault. A folder's own verification.json is held to the same rule except that
+outcomes of records since recomputed (their cell id held with another digest) are left out and counted
+(`current_outcomes`): a rerun of a cell makes its old check moot, not the rest of the report false.
 """
 from __future__ import annotations
 
@@ -24,12 +31,13 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.evaluation.formats import is_number
 from bench.protocol.records import digest, sealed
 
 FORMAT = "leakbench-verification/1"
+OWN_REPORT = "verification.json"   # a folder's own report, which `leakbench site` reads with its records
 STATES = ("reproduced", "differs", "stale")
 HEX16 = re.compile(r"[0-9a-f]{16}")
 _TEXT = ("cell_id", "label", "state", "chosen", "why")
@@ -46,9 +54,20 @@ class Checked:
     outcomes: tuple[dict[str, Any], ...]
 
     @property
-    def reproduced(self) -> frozenset[str]:
-        """The digests of the records verify reproduced (the reading rule's second way in)."""
-        return frozenset(o["digest"] for o in self.outcomes if o["state"] == "reproduced")
+    def reproduced(self) -> dict[str, str]:
+        """The digests of the records verify reproduced (the reading rule's second way in), each with where and
+        when: "machine, date"."""
+        return {o["digest"]: f"{o.get('machine') or self.machine}, {o.get('date') or self.date}"
+                for o in self.outcomes if o["state"] == "reproduced"}
+
+    @property
+    def where(self) -> str:
+        """Where and when the outcomes were recomputed, as a page says it: one machine and date, or how many."""
+        places = {(o.get("machine") or self.machine, o.get("date") or self.date) for o in self.outcomes}
+        machines = sorted({m for m, _ in places})
+        dates = sorted({d for _, d in places}) or [self.date]
+        when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+        return f"{machines[0] if len(machines) == 1 else f'{len(machines)} machine settings'}, {when}"
 
     def count(self, state: str) -> int:
         return sum(o["state"] == state for o in self.outcomes)
@@ -60,8 +79,8 @@ class Checked:
 
 def mark(rec: dict[str, Any], checked: Checked | None) -> dict[str, str]:
     """How a page marks one record's cells: reproduced (with where and when), sealed or unverified."""
-    if checked is not None and digest(rec) in checked.reproduced:
-        return {"state": "reproduced", "text": f"reproduced by leakbench verify on {checked.machine}, {checked.date}"}
+    if checked is not None and (where := checked.reproduced.get(digest(rec))):
+        return {"state": "reproduced", "text": f"reproduced by leakbench verify on {where}"}
     if sealed(rec):
         return {"state": "sealed", "text": "as computed (sealed: its checksum matches, which catches an accidental "
                                            "edit, not a forgery; not re-checked)"}
@@ -118,6 +137,39 @@ def check_report(data: Any, where: str, records: list[dict[str, Any]]) -> Checke
     return Checked(data["folder"], data["machine"], data["date"], int(data["cells"]), tuple(data["outcomes"]))
 
 
+def current_outcomes(data: Any, where: str, records: list[dict[str, Any]]) -> tuple[Checked, int]:
+    """A folder's own report (or one being resumed) with the outcomes of records since recomputed left out, and
+    how many were; ValueError in one line for any other fault, as check_report."""
+    held = {r["cell_id"]: digest(r) for r in records}
+    outcomes = data.get("outcomes") if isinstance(data, dict) else None
+    if isinstance(outcomes, list):
+        keep = [o for o in outcomes if not (isinstance(o, dict) and o.get("cell_id") in held
+                                            and o.get("digest") != held[o["cell_id"]])]
+        data = {**data, "outcomes": keep}
+        return check_report(data, where, records), len(outcomes) - len(keep)
+    return check_report(data, where, records), 0
+
+
+def own_reports(loaded: list[tuple[Path, list[dict[str, Any]]]], say: Callable[[str], None]) -> dict[Path, Checked]:
+    """Each folder's own report (DIR/verification.json) as `current_outcomes` reads it, the outcomes it left out
+    said; folders without one are not in it."""
+    out = {}
+    for directory, records in loaded:
+        path = Path(directory) / OWN_REPORT
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path} is not valid JSON ({err}); write it again with `leakbench verify {directory} "
+                             f"--report {path}`") from None
+        out[directory], dropped = current_outcomes(data, str(path), records)
+        if dropped:
+            say(f"site: {path}: {dropped} outcome(s) of records since recomputed left out; rerun `leakbench verify "
+                f"{directory} --report {path}` to check them again")
+    return out
+
+
 def _fault(data: Any, digests: dict[str, str]) -> str | None:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return f"its format is not {FORMAT!r}"
@@ -139,6 +191,8 @@ def _fault(data: Any, digests: dict[str, str]) -> str | None:
             return f"outcome {i}: its digest is not 16 hex digits"
         if digests.get(o["cell_id"]) != o["digest"]:
             return f"outcome {i}: cell {o['cell_id'][:20]} with digest {o['digest']} is no record of the folder"
+        if any(k in o and not isinstance(o[k], str) for k in ("machine", "date")):
+            return f"outcome {i}: its machine or date is not text"
         if not isinstance(o.get("tolerances"), dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                                  for k, v in o["tolerances"].items()):
             return f"outcome {i}: its tolerances are not metric -> text"
@@ -148,4 +202,5 @@ def _fault(data: Any, digests: dict[str, str]) -> str | None:
     return None
 
 
-__all__ = ["Checked", "FORMAT", "STATES", "check_report", "counts", "load_report", "mark", "tolerance_summary"]
+__all__ = ["Checked", "FORMAT", "OWN_REPORT", "STATES", "own_reports", "check_report", "counts", "current_outcomes", "load_report", "mark",
+           "tolerance_summary"]

@@ -44,7 +44,7 @@ import json
 import math
 import re
 import string
-from typing import Any
+from typing import Any, Collection
 
 KINDS = ("privacy", "utility", "cost")                 # a metric's kind (bench/protocol/evidence.py)
 STATUSES = ("ok", "blocked", "diverged", "failed")
@@ -98,7 +98,7 @@ def sealed(rec: dict[str, Any]) -> bool:
     return isinstance(env, dict) and env.get(DIGEST) == digest(rec)
 
 
-def verified(rec: dict[str, Any], reproduced: frozenset[str] | set[str] = frozenset()) -> bool:
+def verified(rec: dict[str, Any], reproduced: Collection[str] = frozenset()) -> bool:
     """The reading rule (module docstring): sealed, or reproduced by `leakbench verify` (`reproduced` holds the
     digests, `digest(rec)`, of the records it reproduced)."""
     return sealed(rec) or digest(rec) in reproduced

@@ -110,12 +110,15 @@ class Outcome:
     differences: list[Difference] = field(default_factory=list)
     tolerances: dict[str, str] = field(default_factory=dict)   # metric -> the tolerance it was compared at
     seconds: float = 0.0                         # its row's whole recomputation, on the row's first cell
+    threads: int | None = None                   # the torch threads that recomputed it (None: not recomputed)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, where: str, date: str) -> dict[str, Any]:
+        """The report's outcome: `where` (this machine) and `date` recomputed it, with its torch threads."""
         return {"cell_id": self.record["cell_id"], "label": self.label, "digest": digest(self.record),
                 "state": self.state, "chosen": self.chosen, "why": self.why, "tolerances": self.tolerances,
                 "differences": [[d.what, d.stored, d.recomputed, d.tolerance] for d in self.differences],
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "date": date,
+                "machine": where + (f", {self.threads} torch thread(s)" if self.threads else "")}
 
 
 @dataclass
@@ -163,10 +166,11 @@ class Report:
     def exit_code(self) -> int:
         return 1 if self.count("differs") else 0
 
-    def checked(self, folder: str) -> Checked:
-        """What a page takes from the report (bench/evaluation/verification.py), and what --report writes."""
+    def checked(self, folder: str, earlier: tuple[dict[str, Any], ...] = ()) -> Checked:
+        """What a page takes from the report (bench/evaluation/verification.py), and what --report writes;
+        `earlier`: the outcomes of the pieces this one resumed."""
         return Checked(folder, self.machine, self.date, len(self.plan.records),
-                       tuple(o.to_json() for o in self.outcomes))
+                       earlier + tuple(o.to_json(self.machine, self.date) for o in self.outcomes))
 
 
 def rebuild(rec: dict[str, Any]) -> Cell | None:
@@ -186,9 +190,11 @@ def rebuild(rec: dict[str, Any]) -> Cell | None:
 
 
 def plan(records: list[dict[str, Any]], deciding: dict[str, str], sample: int | None = 0, only: str | None = None,
-         seed: int = 0, force: bool = False, data_root: str | None = None) -> Plan:
+         seed: int = 0, force: bool = False, data_root: str | None = None, done: frozenset[str] = frozenset()
+         ) -> Plan:
     """The cells `deciding` names (cell id -> what it decides), plus `sample` drawn from the rest (None: all of
-    it), both narrowed by `only`; ValueError when `only` matches no stored cell. A cell is stale where its stored
+    it), both narrowed by `only` and less the cells `done` (ids a resumed report already holds); ValueError when
+    `only` matches no stored cell. A cell is stale where its stored
     components are not today's (bench/run/version.py `moved`; a data file this machine lacks is not held against
     it here: the recomputation reads it or fails)."""
     from bench.data.loading import resolve_data_root
@@ -199,6 +205,7 @@ def plan(records: list[dict[str, Any]], deciding: dict[str, str], sample: int | 
     if only and not pool:
         raise ValueError(f"--only {only!r} selects none of the {len(records)} stored cells; patterns match "
                          "scenario/defense/attack labels, e.g. 'cifar10-lenet-labels-b32/*'")
+    pool = [r for r in pool if r["cell_id"] not in done]
     rest = [r for r in pool if r["cell_id"] not in deciding]
     drawn = rest if sample is None or sample >= len(rest) else random.Random(seed).sample(rest, sample)
     picked = {r["cell_id"] for r in drawn} | {r["cell_id"] for r in pool if r["cell_id"] in deciding}
@@ -302,7 +309,7 @@ def verify(p: Plan, data_root: str | None = None, tolerance: Tolerance = Toleran
                 text += (f" (the record does not say how many torch threads computed it; recomputed with {used}: set "
                          "LEAKBENCH_THREADS to its count)")
             tell(Outcome(rec, _label(rec), "differs" if found else "reproduced", why[rec["cell_id"]], text,
-                         found, _tolerances(rec, new, tolerance), seconds if i == 0 else 0.0))
+                         found, _tolerances(rec, new, tolerance), seconds if i == 0 else 0.0, used))
 
     if workers <= 1 or len(rows) <= 1:
         for scored, job in rows:
