@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--workers", type=int, default=1, help="rows recomputed at a time, each in its own process "
                                                             "(default 1)")
     ver.add_argument("--threads", type=int, default=None,
-                     help="torch threads per row instead of the count each record states (another machine's setting)")
+                     help="torch threads per row instead of the count each record states (trained models then move "
+                          "past the tolerances: bench/run/verify.py)")
     ver.add_argument("--force", action="store_true",
                      help="recompute stale cells too (computed by other code), comparing them all the same")
     ver.add_argument("--dry-run", action="store_true",

@@ -64,7 +64,12 @@ record names (its environment): on a GPU an iterative reconstruction follows ano
 
 The run is the whole row's: every cell of the row in the folder takes part in the federated run (they decide
 what it draws: membership candidates, a malicious server's exchange), only the chosen ones are scored, with as
-many torch threads as the record says computed it (the thread count orders float reductions). Each chosen cell
+many torch threads as the record says computed it, whatever this machine's default: the thread count orders
+float reductions, and a model trained over rounds amplifies that past any per-metric tolerance (core's trained
+MNIST MLP row recomputed at 2 threads where its records used 1: KDE MI 0.688 -> 0.693, SPEAR's images recovered
+13 -> 15 of 24, iLRG's label F1 0.49 -> 0.54, all in the same verdict band; the same row reproduces at 1 thread,
+and the trained LoRA row's DAGER cell reproduced at either count). `--threads` overrides it, to measure that.
+Each chosen cell
 reads reproduced, differs (what moved, stored, recomputed, the tolerance) or stale: computed by other code (its
 fingerprint is not the running code's, or its config no longer rebuilds), not compared; `force` compares it
 anyway. Nothing is written to the folder; the report (`Report.checked`, `--report FILE`) is what a page shows
@@ -305,9 +310,13 @@ def verify(p: Plan, data_root: str | None = None, tolerance: Tolerance = Toleran
         for i, (rec, new) in enumerate(zip(scored, fresh)):
             found = differences(rec, new, tolerance) + _rank(rec, new, p.records, ranks)
             text = "; ".join(map(str, found))
-            if found and not isinstance((rec.get("environment") or {}).get("threads"), int):
+            stored = (rec.get("environment") or {}).get("threads")
+            if found and not isinstance(stored, int):
                 text += (f" (the record does not say how many torch threads computed it; recomputed with {used}: set "
                          "LEAKBENCH_THREADS to its count)")
+            elif found and stored != used:
+                text += (f" (recomputed with {used} torch thread(s), the record with {stored}: the thread count orders "
+                         "float reductions, so a trained model follows another path; verify without --threads)")
             tell(Outcome(rec, _label(rec), "differs" if found else "reproduced", why[rec["cell_id"]], text,
                          found, _tolerances(rec, new, tolerance), seconds if i == 0 else 0.0, used))
 
