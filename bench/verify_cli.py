@@ -60,18 +60,11 @@ def resumed(report_to: Path | None, directory: Path, records: list, say: Say) ->
     """The outcomes an existing --report FILE already holds for this folder's records as they are (a piece of an
     earlier run, on any machine), to keep and not recompute: stale ones are planned again (the code may have
     caught up), those of records since recomputed are left out. Nothing for a new file."""
-    import json
-
-    from bench.evaluation.verification import current_outcomes
+    from bench.evaluation.verification import current_outcomes, read_json
 
     if report_to is None or not report_to.is_file():
         return ()
-    try:
-        data = json.loads(report_to.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"--report '{report_to}' exists and is not a verification report ({err}); pass another "
-                         "path or move it aside") from None
-    checked, dropped = current_outcomes(data, str(report_to), records)
+    checked, dropped = current_outcomes(read_json(report_to), str(report_to), records)
     if checked.folder != directory.name:
         raise ValueError(f"--report '{report_to}' is a report of folder {checked.folder!r}, not {directory.name!r}; "
                          "pass another path")

@@ -277,6 +277,11 @@ def test_verify_resumes_its_report_piece_by_piece_and_a_folder_shows_its_own(tin
     assert main(["site", str(folder.parent), "--date", "2026-01-01"]) == 0
     assert "1 outcome(s) of records since recomputed left out" in capsys.readouterr().out
     assert "5 of 6 cells reproduced" in (folder / "index.html").read_text()
+    report.write_text("{not json")   # a report that cannot be resumed is refused in one line, nothing recomputed
+    capsys.readouterr()
+    assert main(["verify", str(folder), "--report", str(report)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "is not valid JSON" in captured.err
 
 
 @pytest.mark.parametrize("edit, phrase", [

@@ -116,15 +116,21 @@ def load_report(path: str | Path, folders: dict[str, list[dict[str, Any]]]) -> C
     if not path.is_file():
         raise FileNotFoundError(f"no verification report at {path}; write one with `leakbench verify DIR --report "
                                 f"{path}`")
-    try:
-        data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); write it again with `leakbench verify --report`") from None
+    data = read_json(path)
     folder = data.get("folder") if isinstance(data, dict) else None
     if not isinstance(folder, str) or folder not in folders:
         raise ValueError(f"{path}: the report's folder {folder!r} is none of {', '.join(sorted(folders))}; verify "
                          "that folder or pass the report of one of these")
     return check_report(data, str(path), folders[folder])
+
+
+def read_json(path: Path) -> Any:
+    """A report file's content; ValueError in one line where it is not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); write it again with `leakbench verify DIR --report "
+                         f"{path}`, or move it aside") from None
 
 
 def check_report(data: Any, where: str, records: list[dict[str, Any]]) -> Checked:
@@ -158,12 +164,7 @@ def own_reports(loaded: list[tuple[Path, list[dict[str, Any]]]], say: Callable[[
         path = Path(directory) / OWN_REPORT
         if not path.is_file():
             continue
-        try:
-            data = json.loads(path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path} is not valid JSON ({err}); write it again with `leakbench verify {directory} "
-                             f"--report {path}`") from None
-        out[directory], dropped = current_outcomes(data, str(path), records)
+        out[directory], dropped = current_outcomes(read_json(path), str(path), records)
         if dropped:
             say(f"site: {path}: {dropped} outcome(s) of records since recomputed left out; rerun `leakbench verify "
                 f"{directory} --report {path}` to check them again")
@@ -202,5 +203,5 @@ def _fault(data: Any, digests: dict[str, str]) -> str | None:
     return None
 
 
-__all__ = ["Checked", "FORMAT", "OWN_REPORT", "STATES", "own_reports", "check_report", "counts", "current_outcomes", "load_report", "mark",
-           "tolerance_summary"]
+__all__ = ["Checked", "FORMAT", "OWN_REPORT", "STATES", "check_report", "counts", "current_outcomes", "load_report",
+           "mark", "own_reports", "read_json", "tolerance_summary"]

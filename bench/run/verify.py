@@ -167,10 +167,6 @@ class Report:
     def count(self, state: str) -> int:
         return sum(o.state == state for o in self.outcomes)
 
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.count("differs") else 0
-
     def checked(self, folder: str, earlier: tuple[dict[str, Any], ...] = ()) -> Checked:
         """What a page takes from the report (bench/evaluation/verification.py), and what --report writes;
         `earlier`: the outcomes of the pieces this one resumed."""
