@@ -62,8 +62,10 @@ class Checked:
 
     @property
     def where(self) -> str:
-        """Where and when the outcomes were recomputed, as a page says it: one machine and date, or how many."""
-        places = {(o.get("machine") or self.machine, o.get("date") or self.date) for o in self.outcomes}
+        """Where and when the outcomes were recomputed (stale ones were not), as a page says it: one machine and
+        date, or how many."""
+        places = {(o.get("machine") or self.machine, o.get("date") or self.date) for o in self.outcomes
+                  if o["state"] != "stale"}
         machines = sorted({m for m, _ in places})
         dates = sorted({d for _, d in places}) or [self.date]
         when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
