@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= out
 
-.PHONY: demo test trust bench mutation screenshot clean
+.PHONY: demo test trust verify-core bench mutation screenshot clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -59,6 +59,12 @@ trust: $(VENV)/.installed  ## the default suite and a paper-suite slice reproduc
 	  tests/test_suite_page.py::test_the_main_jobs_page_ranks_and_plots_as_stated \
 	  tests/test_reproducible.py::test_a_slice_of_a_paper_suite_reproduces \
 	  "tests/test_dager_search.py::test_committed_batches_are_recovered_sentence_for_sentence[sst2-gpt2-b32-batches1]"
+
+# core re-checked by recomputation, one row per core at each record's thread count: about a day of one thread, so
+# the report is kept in the folder, rewritten after every cell, and a rerun resumes it (`site` publishes it)
+verify-core: $(VENV)/.installed  ## recompute the cells deciding core's pages; resumes core/verification.json (hours)
+	$(VENV)/bin/leakbench verify leaderboards/results/core --workers $(WORKERS) \
+	  --report leaderboards/results/core/verification.json
 
 bench: $(VENV)/.installed  ## the heavy benchmarks (minutes)
 	$(PY) -m pytest -m heavy tests/benchmarks
