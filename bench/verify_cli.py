@@ -105,7 +105,7 @@ def verify_command(args, current: Info, pages: Pages, say: Say) -> int:
                          "verification.json")
     records = load_records(args.dir)
     directory = (Path(args.dir) if Path(args.dir).is_dir() else Path(args.dir).parent).resolve()
-    earlier = resumed(report_to, directory, records, say) if not args.dry_run else ()
+    earlier = resumed(report_to, directory, records, say)   # a dry run plans what is left
     here, today, fresh = machine(), datetime.date.today().isoformat(), []
 
     def write(outcomes: tuple) -> None:
