@@ -44,7 +44,8 @@ def _committed(records, scenario, defense, attack):
 
 
 def test_a_psnr_forged_inside_its_own_interval_does_not_reproduce(committed):
-    """A forgery that lowers leakage: SPEAR's PSNR on FedHE-Top2 (35.4 dB, interval [10.0, 83.0]) set to 12.0."""
+    """A forgery that lowers leakage: SPEAR's PSNR on FedHE-Top2 (35.4 dB, interval [10.0, 83.0]) set to 12.0; and
+    one that turns the record's verdict."""
     genuine = _committed(committed[0], "mnist-mlp-trained-b8", "fedhe-top2", "spear")
     low, high = genuine["details"]["psnr_ci95"]
     forged = seal(copy.deepcopy(genuine) | {"metrics": genuine["metrics"] | {"psnr": 12.0}})
@@ -53,6 +54,14 @@ def test_a_psnr_forged_inside_its_own_interval_does_not_reproduce(committed):
     assert found["psnr"].tolerance == "±0.5 dB" and found["psnr"].stored == 12.0
     assert (found["band of psnr"].stored, found["band of psnr"].recomputed) == ("resisted", "partial")
     assert differences(genuine, copy.deepcopy(genuine), Tolerance()) == []
+    # one whose record verdict turns: Fashion-MNIST FedML-HE's SPEAR PSNR (13.4 dB in [8.3, 19.5]) set to 19.4
+    genuine = _committed(committed[0], "fmnist-mlp-utility", "fedml-he", "spear")
+    low, high = genuine["details"]["psnr_ci95"]
+    forged = seal(copy.deepcopy(genuine) | {"metrics": genuine["metrics"] | {"psnr": 19.4}})
+    assert sealed(forged) and low < 19.4 < high
+    found = {d.what: d for d in differences(forged, genuine, Tolerance())}
+    assert (found["band of psnr"].stored, found["band of psnr"].recomputed) == ("partial", "resisted")
+    assert "partly recovered" in found["verdict"].stored and found["verdict"].recomputed == "image not recovered"
 
 
 def test_a_resealed_edit_of_a_deciding_cell_is_chosen_and_differs(committed):
