@@ -68,8 +68,8 @@ many torch threads as the record says computed it, whatever this machine's defau
 float reductions, and a model trained over rounds amplifies that past any per-metric tolerance (core's trained
 MNIST MLP row recomputed at 2 threads where its records used 1: KDE MI 0.688 -> 0.693, SPEAR's images recovered
 13 -> 15 of 24, iLRG's label F1 0.49 -> 0.54, all in the same verdict band; the same row reproduces at 1 thread,
-and the trained LoRA row's DAGER cell reproduced at either count). `--threads` overrides it, to measure that.
-Each chosen cell
+and the trained LoRA row's DAGER cell, then at DAGER's default thresholds, reproduced at either count).
+`--threads` overrides it, to measure that. Each chosen cell
 reads reproduced, differs (what moved, stored, recomputed, the tolerance) or stale: computed by other code (its
 fingerprint is not the running code's, or its config no longer rebuilds), not compared; `force` compares it
 anyway. Nothing is written to the folder; the report (`Report.checked`, `--report FILE`) is what a page shows
