@@ -58,8 +58,9 @@ def _label(rec) -> str:
 
 def resumed(report_to: Path | None, directory: Path, records: list, say: Say) -> tuple[dict, ...]:
     """The outcomes an existing --report FILE already holds for this folder's records as they are (a piece of an
-    earlier run, on any machine), to keep and not recompute: stale ones are planned again (the code may have
-    caught up), those of records since recomputed are left out. Nothing for a new file."""
+    earlier run, on any machine), to keep and not recompute: only reproduced ones are kept; stale ones are planned
+    again (the code may have caught up), and so are those that differed (a rerun after a fix must check again,
+    not repeat the old outcome); those of records since recomputed are left out. Nothing for a new file."""
     from bench.evaluation.verification import current_outcomes, read_json
 
     if report_to is None or not report_to.is_file():
@@ -68,8 +69,10 @@ def resumed(report_to: Path | None, directory: Path, records: list, say: Say) ->
     if checked.folder != directory.name:
         raise ValueError(f"--report '{report_to}' is a report of folder {checked.folder!r}, not {directory.name!r}; "
                          "pass another path")
-    kept = tuple(o for o in checked.outcomes if o["state"] != "stale")
-    say(f"verify: resuming {report_to}: {len(kept)} cell(s) already recomputed are kept"
+    kept = tuple(o for o in checked.outcomes if o["state"] == "reproduced")
+    differed = sum(o["state"] == "differs" for o in checked.outcomes)
+    say(f"verify: resuming {report_to}: {len(kept)} cell(s) already reproduced are kept"
+        + (f", {differed} that differed are checked again" if differed else "")
         + (f", {dropped} of records since recomputed left out" if dropped else ""))
     return kept
 

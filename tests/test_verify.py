@@ -139,6 +139,10 @@ MEMBERS = {"n_members": 200, "n_nonmembers": 200}
     ("mia_auroc", (0.70, [0.60, 0.80]), (0.70, [0.65, 0.80]), {"details": MEMBERS}, False),        # the interval moved
     ("mia_tpr_at_1fpr", (0.10,), (0.105,), {"details": MEMBERS}, True),                           # one of 200 members
     ("upload_bytes", (1000.0,), (1000.5,), {"schema": {"unit": "B"}}, False),                       # a count: exact
+    ("ciphertext_bytes", (28208355.0,), (28207919.0,), {"schema": {"unit": "B"}}, True),   # SEAL's compression
+    ("ciphertext_bytes", (28208355.0,), (28300000.0,), {"schema": {"unit": "B"}}, False),  # 0.3 %: not compression
+    ("upload_bytes", (86888163.0,), (86887727.0,), {"schema": {"unit": "B"}, "metrics": {"ciphertext_bytes": 2.8e7}},
+     True),                                                                  # what carries ciphertexts moves with them
     ("wall_s", (1.0,), (9.0,), {"schema": {"timing": True}}, True),                                 # never compared
     ("kde_mi", (0.5,), (0.5004,), {}, True), ("kde_mi", (0.5,), (0.502,), {}, False),              # relative 1e-3
     ("note", ("unavailable: x",), ("unavailable: x",), {}, True),
@@ -253,23 +257,27 @@ def test_a_verification_report_is_shown_where_it_is_published(tiny_core, tmp_pat
 
 
 def test_verify_resumes_its_report_piece_by_piece_and_a_folder_shows_its_own(tiny_core, tmp_path, capsys):
-    """A folder too large for one sitting: each piece's outcomes are kept (with the machine and date that
-    recomputed them), a rerun recomputes only what is left, and DIR/verification.json is shown without --report;
-    a record recomputed since leaves its old outcome out, said in one line."""
+    """A folder too large for one sitting: each piece's reproduced outcomes are kept (with the machine and date
+    that recomputed them), a rerun recomputes only what is left and what differed, and DIR/verification.json is
+    shown without --report; a record recomputed since leaves its old outcome out, said in one line."""
     folder = copy_export(tiny_core, tmp_path / "site" / "core")
     report = folder / "verification.json"
     assert main(["verify", str(folder), "--sample", "all", "--only", "*/plaintext/*", "--report", str(report)]) == 0
     first = json.loads(report.read_text())["outcomes"]
     assert 0 < len(first) < 6 and all(o["state"] == "reproduced" for o in first)
+    assert len(first) >= 2
     first[0]["date"] = "2026-01-01"   # as if that piece ran on an earlier day
+    first[-1] |= {"state": "differs", "differences": [["psnr", 20.0, 12.0, "±0.5 dB"]]}   # before a fix
     report.write_text(json.dumps(json.loads(report.read_text()) | {"outcomes": first}))
     capsys.readouterr()
     assert main(["verify", str(folder), "--sample", "all", "--report", str(report)]) == 0
     out = capsys.readouterr().out
-    assert f"resuming {report}: {len(first)} cell(s) already recomputed are kept" in out
-    assert f"{6 - len(first)} of 6 cell(s)" in out and "(6 cells with the" in out
+    kept = first[:-1]
+    assert f"resuming {report}: {len(kept)} cell(s) already reproduced are kept, 1 that differed are checked again" \
+        in out
+    assert f"{6 - len(kept)} of 6 cell(s)" in out and "(6 cells with the" in out
     whole = json.loads(report.read_text())["outcomes"]
-    assert len(whole) == 6 and whole[:len(first)] == first and {o["cell_id"] for o in whole} == \
+    assert len(whole) == 6 and whole[:len(kept)] == kept and {o["cell_id"] for o in whole} == \
         {r["cell_id"] for r in json.loads((folder / "results.json").read_text())}
     assert main(["site", str(folder.parent), "--date", "2026-01-01"]) == 0
     page, front = (folder / "index.html").read_text(), (folder.parent / "index.html").read_text()
