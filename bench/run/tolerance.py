@@ -20,7 +20,7 @@ SAMPLES = 5          # test samples an accuracy may move by
 PSNR_DB = 0.5        # dB
 SIMILARITY = 0.01    # SSIM and LPIPS, on their [0, 1] scale
 RELATIVE = 1e-3      # every other real number
-CIPHER_BYTES = 1e-3  # relative, a byte count of a run that sent compressible CKKS ciphertexts
+CIPHER_BYTES = 1e-3  # relative, a byte count of a run that sent ciphertexts (SEAL compresses CKKS ones)
 ABSOLUTE = 1e-6      # near zero
 
 ACCURACIES = ("accuracy", "accuracy_personal", "accuracy_own_labels")
