@@ -431,3 +431,13 @@ def test_a_row_that_differs_runs_again_and_only_two_runs_apart_make_it_randomize
     assert main(["verify", str(forged), "--only", label, "--report", str(tmp_path / "same.json")]) == 1
     (outcome,) = json.loads((tmp_path / "same.json").read_text())["outcomes"]
     assert len(runs) == 2 and "randomized" not in outcome["why"] and outcome["tolerances"]["kde_mi"] == "relative 0.001"
+
+
+def test_in_parallel_a_row_that_differs_is_recomputed_in_a_worker_again_and_still_differs(tiny_core, tmp_path, capsys):
+    """Two rows at a time: the forged row goes back to the pool for its second run, the other reproduces at once."""
+    label = f"{DP}/idlg-extended"
+    forged = copy_export(tiny_core, tmp_path / "f" / "core", _forge(label, lnacc=0.5))
+    assert main(["verify", str(forged), "--sample", "all", "--only", "digits-tiny/[dp]*", "--workers", "2"]) == 1
+    out = capsys.readouterr().out
+    assert f"differs     {label}: lnacc stored 0.5, recomputed 1.0" in out and "randomized" not in out
+    assert "2 row(s) at a time" in out and ", 1 differ, 0 stale" in out
