@@ -110,7 +110,7 @@ class Tolerance:
         if name in ACCURACIES:
             n = metrics.get("test_samples")
             if is_number(n) and n > 0:
-                return Rule(SAMPLES / n, text=f"±{SAMPLES} of {n:.0f} test samples")
+                return self._rate(Rule(SAMPLES / n, text=f"±{SAMPLES} of {n:.0f} test samples"), metrics.get(name), n)
             return Rule(SAMPLES / 500, text=f"±{SAMPLES / 500:g} (the record does not say its test samples)")
         if name == "psnr":
             return Rule(PSNR_DB, text=f"±{PSNR_DB:g} dB")
@@ -118,7 +118,8 @@ class Tolerance:
             return Rule(SIMILARITY, text=f"±{SIMILARITY:g}")
         items, uploads = _batch(rec), _uploads(name, rec)
         if name in PER_ITEM:
-            return Rule(1 / (items * uploads), text=f"±1 item of {items} in one of {uploads} attacked upload(s)")
+            return self._rate(Rule(1 / (items * uploads), text=f"±1 item of {items} in one of {uploads} attacked "
+                                                               "upload(s)"), metrics.get(name), items * uploads)
         if name in PER_CLASS:
             chance = metrics.get("chance_accuracy")
             if is_number(chance) and chance > 0:
@@ -131,11 +132,12 @@ class Tolerance:
             if name == "mia_auroc":
                 return Rule((m + n) / (m * n), text=f"±{m + n:.0f} of {m * n:.0f} member/non-member pairs swapped")
             if name.startswith("mia_tpr_at_"):
-                return Rule(1 / m, text=f"±1 of {m:.0f} members")
+                return self._rate(Rule(1 / m, text=f"±1 of {m:.0f} members"), metrics.get(name), m)
             if name.startswith("mia_fpr_at_"):
-                return Rule(1 / n, text=f"±1 of {n:.0f} non-members")
+                return self._rate(Rule(1 / n, text=f"±1 of {n:.0f} non-members"), metrics.get(name), n)
             if name == "mia_balanced_acc":
-                return Rule((1 / m + 1 / n) / 2, text=f"±1 member and 1 non-member of {m:.0f} and {n:.0f}")
+                return self._rate(Rule((1 / m + 1 / n) / 2, text=f"±1 member and 1 non-member of {m:.0f} and {n:.0f}"),
+                                  metrics.get(name), m + n)
         value, relative = metrics.get(name), max(self.relative, RANDOM_RELATIVE) if self.randomized else self.relative
         run = " in a randomized run" if self.randomized else ""
         if name.startswith("perplexity") and is_number(value) and value > 1:
@@ -146,6 +148,18 @@ class Tolerance:
             return Rule(relative=RANDOM_LEAKAGE, text=f"relative {RANDOM_LEAKAGE:g} (an estimate of leakage{run}: its "
                                                       "update moves with fresh randomness)")
         return Rule(relative=relative, text=f"relative {relative:g}{run}")
+
+
+    def _rate(self, rule: Rule, p: Any, count: float) -> Rule:
+        """A rate over `count` samples: in a randomized run, within two binomial standard errors of the stored value
+        where that is wider (another model scores every sample: more than one crosses a threshold)."""
+        if not self.randomized or not is_number(p) or not 0 <= p <= 1:
+            return rule
+        within = 2 * math.sqrt(max(p * (1 - p), 1 / count) / count)
+        if within <= (rule.absolute or 0):
+            return rule
+        return Rule(within, text=f"±{within * count:.1f} of {count:.0f} (two binomial standard errors: a randomized "
+                                 "run)")
 
 
 def _entry(name: str, rec: dict[str, Any]) -> dict[str, Any]:

@@ -72,6 +72,10 @@ run                                                               later update. 
                                                                   at most), the loss 4.9011-4.9072 (0.13 %),
                                                                   perplexity 134.4-135.3; 0.25 and 3e-3 are 3.2 and 4.4
                                                                   standard deviations of the difference of two runs
+a rate over N samples          two binomial standard errors,      another model scores every sample, so more than one
+(accuracy, per-item, TPR, FPR, 2 sqrt(p (1 - p) / N), where wider crosses a threshold: in that row TPR at 5 % FPR read
+balanced acc.) in a randomized                                    7 and 10 of 128 members in two runs (record: 8)
+run
 a stored 95 % interval         both bounds at its metric's        it is shown beside the value. Never "anywhere in the
                                tolerance                          interval": a value forged inside its own interval
                                                                   (PSNR 63.11 -> 6.0 dB in [5.4, 94.7]) does not
