@@ -62,16 +62,16 @@ an estimate of leakage         relative 0.25                      a run whose re
 (schema kind privacy) without                                     draws randomness no seed fixes: CKKS encryption's
 a rule above, in a randomized                                     fresh noise, decrypted into the model, moves every
 run                                                               later update. SHE-LoRA's membership row (CKKS at
-                                                                  N = 8192, [60, 40, 60], 2^40), computed five times
+                                                                  N = 8192, [60, 40, 60], 2^40), computed seven times
                                                                   with the same code, threads and pinning: round 1's
                                                                   120 encryptions took identical inputs, its first
                                                                   decryption already differed (2.21585e-5 and
                                                                   2.21552e-5), and at the end KDE MI spanned
-                                                                  0.0675-0.0741 (sd 3.7 %), KDE MI of the protected
-                                                                  part 0.0910-0.1045 (sd 5.5 %, 13 % from the record
-                                                                  at most), the loss 4.9011-4.9072 (0.13 %),
-                                                                  perplexity 134.4-135.3; 0.25 and 3e-3 are 3.2 and 4.4
-                                                                  standard deviations of the difference of two runs
+                                                                  0.0675-0.0782 (sd 5.1 %), KDE MI of the protected
+                                                                  part 0.0910-0.1045 (sd 5.2 %), the loss
+                                                                  4.8986-4.9075 (sd 0.07 %), perplexity 134.1-135.3;
+                                                                  0.25 and 3e-3 are 3.4 and 3.2 standard deviations
+                                                                  of the difference of two runs
 a rate over N samples          two binomial standard errors,      another model scores every sample, so more than one
 (accuracy, per-item, TPR, FPR, 2 sqrt(p (1 - p) / N), where wider crosses a threshold: in that row TPR at 5 % FPR read
 balanced acc.) in a randomized                                    7 and 10 of 128 members in two runs (record: 8)
