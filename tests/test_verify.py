@@ -378,9 +378,9 @@ def test_rows_recomputed_in_parallel_at_another_thread_count_reproduce(tiny_core
     ("mia_tpr_at_5fpr", (0.0625,), (0.078125,), {"details": {"n_members": 128, "n_nonmembers": 128}}, True),  # 8 -> 10
     ("mia_tpr_at_5fpr", (0.0625,), (0.125,), {"details": {"n_members": 128, "n_nonmembers": 128}}, False),   # 8 -> 16
     ("psnr", (20.0,), (20.6,), {}, False),                  # PSNR keeps its rule
-    ("lm_loss", (4.9011,), (4.9073,), {"schema": ACC}, True),     # 0.13 %, within 3e-3
+    ("lm_loss", (4.9011,), (4.9073,), {"schema": ACC}, True),     # 0.13 %, within 5e-3
     ("lm_loss", (4.9011,), (4.94,), {"schema": ACC}, False),      # 0.8 %
-    ("perplexity", (134.436,), (135.267,), {"schema": ACC}, True),  # 0.6 %, within e^(3e-3 x 4.9) - 1 = 1.5 %
+    ("perplexity", (134.436,), (135.267,), {"schema": ACC}, True),  # 0.6 %, within e^(5e-3 x 4.9) - 1 = 2.5 %
     ("perplexity", (134.436,), (139.0,), {"schema": ACC}, False),
 ])
 def test_a_randomized_run_widens_only_leakage_estimates_without_a_rule_of_their_own(name, stored, recomputed, kw,

@@ -57,20 +57,20 @@ times (schema: timing)         never compared                     a machine's sp
 perplexity                     relative e^(r x ln p) - 1          it is e^loss: the loss's own tolerance r carried
                                                                   through (0.49 % at perplexity 134, not 0.1 %)
 any other number (epsilon,     relative r = 1e-3 (--tolerance     float noise of a mean over a few hundred values
-KDE MI, fractions, costs)      REL); in a randomized run 3e-3
+KDE MI, fractions, costs)      REL); in a randomized run 5e-3
 an estimate of leakage         relative 0.25                      a run whose recomputations differ from each other
 (schema kind privacy) without                                     draws randomness no seed fixes: CKKS encryption's
 a rule above, in a randomized                                     fresh noise, decrypted into the model, moves every
 run                                                               later update. SHE-LoRA's membership row (CKKS at
-                                                                  N = 8192, [60, 40, 60], 2^40), computed seven times
+                                                                  N = 8192, [60, 40, 60], 2^40), computed nine times
                                                                   with the same code, threads and pinning: round 1's
                                                                   120 encryptions took identical inputs, its first
                                                                   decryption already differed (2.21585e-5 and
-                                                                  2.21552e-5), and at the end KDE MI spanned
-                                                                  0.0675-0.0782 (sd 5.1 %), KDE MI of the protected
-                                                                  part 0.0910-0.1045 (sd 5.2 %), the loss
-                                                                  4.8986-4.9075 (sd 0.07 %), perplexity 134.1-135.3;
-                                                                  0.25 and 3e-3 are 3.4 and 3.2 standard deviations
+                                                                  2.21552e-5), and at the end the loss spanned
+                                                                  4.8986-4.9152 (sd 0.10 %; perplexity 134.1-136.3),
+                                                                  KDE MI of the protected part 0.0910-0.1045 (sd
+                                                                  4.7 %), KDE MI 0.0675-0.0782 (sd 5.1 % over seven);
+                                                                  0.25 and 5e-3 are 3.4 and 3.6 standard deviations
                                                                   of the difference of two runs
 a rate over N samples          two binomial standard errors,      another model scores every sample, so more than one
 (accuracy, per-item, TPR, FPR, 2 sqrt(p (1 - p) / N), where wider crosses a threshold: in that row TPR at 5 % FPR read
