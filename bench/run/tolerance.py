@@ -149,7 +149,6 @@ class Tolerance:
                                                       "update moves with fresh randomness)")
         return Rule(relative=relative, text=f"relative {relative:g}{run}")
 
-
     def _rate(self, rule: Rule, p: Any, count: float) -> Rule:
         """A rate over `count` samples: in a randomized run, within two binomial standard errors of the stored value
         where that is wider (another model scores every sample: more than one crosses a threshold)."""
@@ -218,7 +217,8 @@ def differences(stored: dict[str, Any], fresh: dict[str, Any], tol: Tolerance) -
 
 
 def randomized(stored: list[dict[str, Any]], runs: list[list[dict[str, Any]]], tol: Tolerance) -> str:
-    """What two recomputations of a row's `stored` cells differ in at `tol` ("" for one run, or two that agree):
+    """What two recomputations of a row's `stored` cells (one fresh record each per run) differ in at `tol` ("" for
+    one run, or two that agree):
     a row computed twice with the same code, threads and numerical path differs only by randomness no seed fixes
     (a CKKS encryption draws fresh noise that its decryption carries into the model)."""
     if len(runs) < 2:
