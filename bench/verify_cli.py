@@ -85,7 +85,8 @@ def verify_command(args, current: Info, pages: Pages, say: Say) -> int:
     import json
 
     from bench.models import torch_device
-    from bench.run.verify import Tolerance, machine
+    from bench.run.recompute import machine
+    from bench.run.verify import Tolerance
     from bench.evaluation.exports import load_records
     from bench.evaluation.verification import Checked
 

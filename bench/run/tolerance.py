@@ -216,14 +216,13 @@ def differences(stored: dict[str, Any], fresh: dict[str, Any], tol: Tolerance) -
     return out + verdicts(stored, fresh)
 
 
-def randomized(stored: list[dict[str, Any]], runs: list[list[dict[str, Any]]], tol: Tolerance) -> str:
-    """What two recomputations of a row's `stored` cells (one fresh record each per run) differ in at `tol` ("" for
-    one run, or two that agree):
-    a row computed twice with the same code, threads and numerical path differs only by randomness no seed fixes
-    (a CKKS encryption draws fresh noise that its decryption carries into the model)."""
+def randomized(runs: list[list[dict[str, Any]]], tol: Tolerance) -> str:
+    """What two recomputations of a row (its scored cells' fresh records, in one order) differ in at `tol` ("" for
+    one run, or two that agree): a row computed twice with the same code, threads and numerical path differs only
+    by randomness no seed fixes (a CKKS encryption draws fresh noise that its decryption carries into the model)."""
     if len(runs) < 2:
         return ""
-    moved = [d for i in range(len(stored)) for d in differences(runs[0][i], runs[1][i], tol)]
+    moved = [d for first, second in zip(*runs[:2]) for d in differences(first, second, tol)]
     return "; ".join(dict.fromkeys(f"{d.what} {d.stored!r} and {d.recomputed!r}" for d in moved))
 
 

@@ -330,7 +330,7 @@ def verify(p: Plan, data_root: str | None = None, tolerance: Tolerance = Toleran
         """Tell the row's outcomes from its recomputations; False, telling nothing, where a cell differs after one
         run: the row runs again, and where the two runs differ from each other (fresh randomness no seed fixes,
         such as CKKS encryption's) each cell is compared with both at the tolerance of a randomized run."""
-        spread = randomized(scored, [r[0] for r in runs], tolerance)
+        spread = randomized([r[0] for r in runs], tolerance)
         tol = tolerance.of_randomized_run(spread) if spread else tolerance
         used, seconds = runs[0][1], sum(r[2] for r in runs)
         found = [[d for fresh, *_ in runs for d in differences(rec, fresh[i], tol) + _rank(rec, fresh[i], p.records,
@@ -393,4 +393,4 @@ def _label(rec: dict[str, Any]) -> str:
     return f"{rec['scenario']}/{defense_label(rec)}/{attack_label(rec)}"
 
 
-__all__ = ["Outcome", "Plan", "Report", "SAMPLED", "Tolerance", "machine", "plan", "rebuild", "verify"]
+__all__ = ["Outcome", "Plan", "Report", "SAMPLED", "Tolerance", "plan", "rebuild", "verify"]
